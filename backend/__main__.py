@@ -1,0 +1,7 @@
+"""Entry point: ``python -m backend``."""
+
+import sys
+
+from backend.cli import main
+
+sys.exit(main())

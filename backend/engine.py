@@ -1,0 +1,92 @@
+"""The vLLM server process: started in its own process group, stopped with everything it spawned."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+
+class EngineStartError(RuntimeError):
+    """The engine could not start; the message says why and what to do."""
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when something already listens on (host, port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+class EngineProcess:
+    """One vLLM OpenAI-compatible server and its worker processes."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path) -> None:
+        self.argv = argv
+        self.env = env
+        self.log_path = log_path
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.cwd.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")  # noqa: SIM115 - the child owns it from here
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                env={**os.environ, **self.env, "PYTHONUNBUFFERED": "1"},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.cwd,
+                start_new_session=True,  # own process group: one signal reaches every worker
+            )
+        except FileNotFoundError as err:
+            raise EngineStartError(
+                f"cannot run the engine's Python '{self.argv[0]}': {err.strerror}; "
+                "set engine.python (ERNIECHAT_ENGINE__PYTHON) or run the set-up script"
+            ) from None
+        finally:
+            log.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def exit_code(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM to the whole group, then SIGKILL what is left after the grace period."""
+        if not self.proc:
+            return
+        pgid = self.proc.pid
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None and not _group_alive(pgid):
+                    return
+                time.sleep(0.2)
+        self.proc.poll()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

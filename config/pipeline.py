@@ -1,0 +1,54 @@
+"""Settings -> (hardware, model shape, plan with commands): the one path every command takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from config.commands import build_commands
+from config.hardware import Hardware, resolve_hardware
+from config.known_models import known_config
+from config.model import ModelReadError, ModelSpec, model_from_config, read_model
+from config.plan import Plan
+from config.planner import make_plan
+from config.settings import Settings
+
+
+@dataclass
+class Planned:
+    hardware: Hardware
+    model: ModelSpec
+    plan: Plan
+    notes: list[str] = field(default_factory=list)
+    """Things the user must know about how the plan was made (a bundled config, a demo model)."""
+
+
+def read_model_shape(model_id: str, revision: str | None = None) -> tuple[ModelSpec, list[str]]:
+    """The model's shape from a directory, the HF cache or hub, else a bundled known config."""
+    try:
+        return read_model(model_id, revision=revision), []
+    except ModelReadError as err:
+        bundled = known_config(model_id)
+        if bundled is None:
+            raise
+        note = f"planned from the bundled config.json of {model_id} ({err})"
+        return model_from_config(bundled, source=model_id), [note]
+
+
+def plan_for(settings: Settings, model_path: str | Path | None = None) -> Planned:
+    """Plan for the settings. ``model_path``: a resolved local checkpoint to read and serve."""
+    hardware = resolve_hardware(settings.engine.hardware)
+    source = str(model_path) if model_path else settings.model.id
+    model, notes = read_model_shape(source, settings.model.revision)
+    served = settings.model.served_name or settings.model.id
+    plan = make_plan(hardware, model, settings.workload, settings.engine.pins, served_name=served)
+    plan.commands = build_commands(
+        plan,
+        python=settings.engine.python,
+        model_path=source,
+        host=settings.engine.host,
+        port=settings.engine.port,
+        api_key=settings.engine.api_key,
+        all_gpus=hardware.gpus_per_node,
+    )
+    return Planned(hardware=hardware, model=model, plan=plan, notes=notes)
