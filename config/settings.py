@@ -160,14 +160,25 @@ def _check_env_keys() -> None:
                 break
 
 
+def _fields_at(path: list[str]) -> list[str]:
+    """Field names of the settings section at ``path`` (for 'allowed: ...' in messages)."""
+    model: type[BaseModel] = Settings
+    for part in path:
+        annotation = model.model_fields[part].annotation if part in model.model_fields else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return sorted(model.model_fields)
+
+
 def describe_validation_error(err: ValidationError) -> str:
     """First error of a ValidationError as one line: dotted key, problem, allowed values."""
     first = err.errors()[0]
-    key = ".".join(str(p) for p in first["loc"])
-    msg = first["msg"]
+    loc = [str(p) for p in first["loc"]]
+    key = ".".join(loc)
     if first["type"] == "extra_forbidden":
-        msg = "unknown key"
-    return f"{key}: {msg} (got {first.get('input')!r})" if first["type"] != "extra_forbidden" else f"{key}: {msg}"
+        return f"{key}: unknown key; allowed: {', '.join(_fields_at(loc[:-1]))}"
+    return f"{key}: {first['msg']} (got {first.get('input')!r})"
 
 
 def load_settings(overrides: dict[str, Any] | None = None) -> Settings:
