@@ -144,6 +144,7 @@ class Server:
         except EngineStartError as err:
             self.fail(str(err))
             return False
+        self.status.engine_pid = self.engine.pid
         self.update("starting", "launching vLLM", 0.04)
         if not self._wait_healthy():
             return False

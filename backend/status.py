@@ -27,6 +27,8 @@ class EngineStatus(BaseModel):
     updated_at: float = Field(default_factory=time.time)
     pid: int | None = None
     """The ``serve`` process that owns the engine."""
+    engine_pid: int | None = None
+    """The vLLM server process; its process group holds every engine worker."""
     base_url: str = ""
     model: str = ""
     served_name: str = ""

