@@ -60,7 +60,12 @@ def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
     from backend.report import print_plan
     from config.pipeline import plan_for
 
-    planned = plan_for(settings)
+    model_path = None
+    if settings.model.id == "demo":
+        from backend.resolve import ensure_demo
+
+        model_path = ensure_demo(settings)
+    planned = plan_for(settings, model_path=model_path)
     if args.json:
         data = planned.plan.as_json()
         data["notes"] = planned.notes

@@ -12,6 +12,7 @@ from config.model import ModelReadError, ModelSpec, model_from_config, read_mode
 from config.plan import Plan
 from config.planner import make_plan
 from config.settings import Settings
+from config.tuned import plan_with_tuned
 
 
 @dataclass
@@ -41,7 +42,12 @@ def plan_for(settings: Settings, model_path: str | Path | None = None) -> Planne
     source = str(model_path) if model_path else settings.model.id
     model, notes = read_model_shape(source, settings.model.revision)
     served = settings.model.served_name or settings.model.id
-    plan = make_plan(hardware, model, settings.workload, settings.engine.pins, served_name=served)
+    # A tuned profile from `tune` (<run_dir>/tuned/) goes under the user's own pins.
+    plan = plan_with_tuned(
+        lambda pins: make_plan(hardware, model, settings.workload, pins, served_name=served),
+        settings.engine.run_dir, hardware.name, settings.model.id, settings.workload.objective,
+        settings.engine.pins, notes,
+    )
     plan.commands = build_commands(
         plan,
         python=settings.engine.python,
