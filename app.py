@@ -113,12 +113,16 @@ class Progress:
 async def start() -> None:
     cl.user_session.set("history", [])
     a = settings.app
-    await cl.ChatSettings([
-        Slider(id="temperature", label="Temperature", initial=a.temperature, min=0, max=2, step=0.05),
-        Slider(id="top_p", label="Top-p", initial=a.top_p, min=0.05, max=1, step=0.05),
-        Slider(id="max_tokens", label="Max tokens (reply)", initial=a.max_tokens, min=16, max=max(4096, a.max_tokens)),
-        TextInput(id="system_prompt", label="System prompt", initial=a.system_prompt, multiline=True),
-    ]).send()
+    await cl.ChatSettings(
+        [
+            Slider(id="temperature", label="Temperature", initial=a.temperature, min=0, max=2, step=0.05),
+            Slider(id="top_p", label="Top-p", initial=a.top_p, min=0.05, max=1, step=0.05),
+            Slider(
+                id="max_tokens", label="Max tokens (reply)", initial=a.max_tokens, min=16, max=max(4096, a.max_tokens)
+            ),
+            TextInput(id="system_prompt", label="System prompt", initial=a.system_prompt, multiline=True),
+        ]
+    ).send()
     status = link.status()
     if status and status.demo:
         plan = f"Plan: {status.plan_summary} · Hardware: {status.hardware} · the Readme says why."

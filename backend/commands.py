@@ -1,4 +1,4 @@
-"""Runtime subcommands: serve, status, up, demo-model (bench, verify, tune register themselves too)."""
+"""Runtime subcommands: serve, status, up, demo-model; bench, verify and tune register their own."""
 
 from __future__ import annotations
 
@@ -18,17 +18,23 @@ def _term_to_exit(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
+def _unwind_on_signals() -> None:
+    """SIGTERM, and SIGINT even when a non-interactive shell started us with it ignored."""
+    signal.signal(signal.SIGTERM, _term_to_exit)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     from backend.serve import run_serve
 
-    signal.signal(signal.SIGTERM, _term_to_exit)
+    _unwind_on_signals()
     return run_serve(settings)
 
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     from backend.up import run_up
 
-    signal.signal(signal.SIGTERM, _term_to_exit)
+    _unwind_on_signals()
     return run_up(settings)
 
 
@@ -95,9 +101,7 @@ def register(sub: argparse._SubParsersAction, add_plan_options: Callable[[argpar
     p.add_argument("--full-size", action="store_true", help="the real 0.36 B shape (for GPU benchmarks)")
     p.set_defaults(handler=cmd_demo_model)
 
-    for name in ("bench", "verify", "tune"):
-        try:
-            module = __import__(f"backend.{name}", fromlist=["register"])
-        except ImportError:
-            continue
+    from backend import bench, tune, verify
+
+    for module in (bench, verify, tune):
         module.register(sub, add_plan_options)

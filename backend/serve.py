@@ -125,11 +125,13 @@ class Server:
         self.status.plan_reasons = plan.reasons
         self.status.hardware = self.planned.hardware.name
         self.status.base_url = self.base_url
-        self.status.notes.extend(plan.warnings)
+        self.status.notes.extend(self.planned.notes + plan.warnings)
+        for note in self.planned.notes:
+            self.say(f"note: {note}")
 
         argv = engine_argv(plan, python=e.python, model_path=self.resolved.path, host=e.host, port=e.port)
         argv += e.extra_args
-        env = engine_env(plan, self.planned.hardware.gpus_per_node)
+        env = engine_env(plan, self.planned.hardware.gpus_per_node, os.environ.get("CUDA_VISIBLE_DEVICES"))
         if e.api_key:
             env["VLLM_API_KEY"] = e.api_key
         (self.run_dir).mkdir(parents=True, exist_ok=True)

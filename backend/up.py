@@ -114,8 +114,10 @@ def run_up(settings: Settings) -> int:
         while True:
             code = page.process.exit_code()
             if code is not None:
-                print(f"error: the chat page exited (code {code}); stopping. Last log lines:\n{page.tail()}",
-                      file=sys.stderr)
+                print(
+                    f"error: the chat page exited (code {code}); stopping. Last log lines:\n{page.tail()}",
+                    file=sys.stderr,
+                )
                 return 1
             if engine_up and not server.check():
                 engine_up = False  # check() has said why; the page stays and shows the error to its users

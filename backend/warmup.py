@@ -132,6 +132,7 @@ async def warm_up(
         medium_tokens = min(prompt_tokens, long_tokens)
         med_words, med_n = await sized_prompt(client, base_url, model, medium_tokens, api_key)
         long_words, long_n = await sized_prompt(client, base_url, model, long_tokens, api_key)
+        short_n = await count_tokens(client, base_url, model, prompt_of(12), api_key)
         shapes = [("short", 12), ("medium", med_words), ("long", long_words)]
         for i, (shape, words) in enumerate(shapes):
             say(f"{shape} prompt", 0.1 + 0.1 * i)
@@ -175,7 +176,7 @@ async def warm_up(
         "concurrency": concurrency,
         "concurrent_ttft_p50_s": round(_median(rounds[-1]), 4),
         "rounds": len(rounds),
-        "prompt_tokens": {"short": 12, "medium": med_n, "long": long_n},
+        "prompt_tokens": {"short": short_n, "medium": med_n, "long": long_n},
         "replicas": plan.data_parallel_size,
         "replicas_warmed": replicas_seen,
         "by_shape": by_shape,

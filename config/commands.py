@@ -7,6 +7,8 @@ script is broken).
 
 from __future__ import annotations
 
+import os
+
 from config.plan import GIB, Command, Plan
 
 RAY_PORT = 6379
@@ -58,10 +60,16 @@ def engine_argv(plan: Plan, *, python: str, model_path: str, host: str, port: in
     return argv
 
 
-def engine_env(plan: Plan, all_gpus: int | None = None) -> dict[str, str]:
+def engine_env(plan: Plan, all_gpus: int | None = None, outer_visible: str | None = None) -> dict[str, str]:
+    """The plan's environment; when GPUs are left out, CUDA_VISIBLE_DEVICES names the kept ones.
+
+    Plan indexes count within the GPUs already visible, so they map through an outer
+    ``CUDA_VISIBLE_DEVICES`` (``2,3`` and plan GPU 0 -> ``2``), never past it.
+    """
     env = dict(plan.environment)
     if plan.device == "cuda" and all_gpus is not None and len(plan.gpus) < all_gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, plan.gpus))
+        outer = [d.strip() for d in (outer_visible or "").split(",") if d.strip()]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(outer[i] if i < len(outer) else str(i) for i in plan.gpus)
     return env
 
 
@@ -91,7 +99,7 @@ def build_commands(
                 )
             )
     argv = engine_argv(plan, python=python, model_path=model_path, host=host, port=port)
-    env = engine_env(plan, all_gpus)
+    env = engine_env(plan, all_gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
     if api_key:
         env["VLLM_API_KEY"] = "<your engine.api_key>"  # never printed; serve passes the real one
     commands.append(Command(role="engine", node=0, argv=argv, env=env))

@@ -45,8 +45,12 @@ def plan_for(settings: Settings, model_path: str | Path | None = None) -> Planne
     # A tuned profile from `tune` (<run_dir>/tuned/) goes under the user's own pins.
     plan = plan_with_tuned(
         lambda pins: make_plan(hardware, model, settings.workload, pins, served_name=served),
-        settings.engine.run_dir, hardware.name, settings.model.id, settings.workload.objective,
-        settings.engine.pins, notes,
+        settings.engine.run_dir,
+        hardware.name,
+        settings.model.id,
+        settings.workload.objective,
+        settings.engine.pins,
+        notes,
     )
     plan.commands = build_commands(
         plan,

@@ -24,8 +24,16 @@ import httpx
 import socketio
 
 EVENTS = (
-    "new_message", "update_message", "stream_start", "stream_token", "delete_message",
-    "action", "remove_action", "task_start", "task_end", "chat_settings",
+    "new_message",
+    "update_message",
+    "stream_start",
+    "stream_token",
+    "delete_message",
+    "action",
+    "remove_action",
+    "task_start",
+    "task_end",
+    "chat_settings",
 )
 
 

@@ -138,8 +138,15 @@ def test_footer_and_fence() -> None:
 def test_page_template_is_rendered_not_rewritten(tmp_path: Path) -> None:
     template = (Path(__file__).parents[1] / "chainlit.md").read_text()
     assert chat.PAGE_MARKER in template
-    status = EngineStatus(state="loading", detail="loading weights", progress=0.35, plan_summary="TP=2, PP=1",
-                          plan_reasons={"tensor_parallel_size": "two GPUs | NVLink"}, hardware="2x H200", demo=True)
+    status = EngineStatus(
+        state="loading",
+        detail="loading weights",
+        progress=0.35,
+        plan_summary="TP=2, PP=1",
+        plan_reasons={"tensor_parallel_size": "two GPUs | NVLink"},
+        hardware="2x H200",
+        demo=True,
+    )
     (tmp_path / "plan.json").write_text('{"tensor_parallel_size": 2}')
     page = chat.render_page(template, status, tmp_path)
     assert chat.PAGE_MARKER not in page
@@ -148,8 +155,15 @@ def test_page_template_is_rendered_not_rewritten(tmp_path: Path) -> None:
 
 
 def test_up_hands_the_page_the_same_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    mine = load_settings({"engine.run_dir": str(tmp_path), "engine.port": 8123, "app.port": 9123,
-                          "engine.pins": {"tensor_parallel_size": "2"}, "app.users": {"ann": "pw"}})
+    mine = load_settings(
+        {
+            "engine.run_dir": str(tmp_path),
+            "engine.port": 8123,
+            "app.port": 9123,
+            "engine.pins": {"tensor_parallel_size": "2"},
+            "app.users": {"ann": "pw"},
+        }
+    )
     for key in [k for k in os.environ if k.startswith("ERNIECHAT_")]:
         monkeypatch.delenv(key)
     for key, value in settings_env(mine).items():
@@ -187,8 +201,19 @@ def test_up_fails_fast_when_the_page_port_is_busy(tmp_path: Path) -> None:
 
 def test_up_serves_engine_and_page_then_ctrl_c_stops_everything(tmp_path: Path) -> None:
     app_port, engine_port = free_port(), free_port()
-    argv = ["up", "--model", "demo", "--port", str(app_port), "--engine-port", str(engine_port),
-            "--users", "2", "--context", "4096"]
+    argv = [
+        "up",
+        "--model",
+        "demo",
+        "--port",
+        str(app_port),
+        "--engine-port",
+        str(engine_port),
+        "--users",
+        "2",
+        "--context",
+        "4096",
+    ]
     up = BackendProcess(argv, backend_env(tmp_path / "run")).start()
     assert up.proc is not None
     groups: dict[int, str] = {}

@@ -136,12 +136,24 @@ def check_level(row: dict[str, Any], concurrency: int, n: int, max_tokens: int) 
 def test_measure_level_at_concurrency_1_and_4(engine: Engine) -> None:
     async def both() -> tuple[dict[str, Any], dict[str, Any]]:
         one = await measure_level(
-            engine.base_url, engine.served_name, 1, 3,
-            max_tokens=16, prompt_words=[12, 80], api_key=None, keepalive=True,
+            engine.base_url,
+            engine.served_name,
+            1,
+            3,
+            max_tokens=16,
+            prompt_words=[12, 80],
+            api_key=None,
+            keepalive=True,
         )
         four = await measure_level(
-            engine.base_url, engine.served_name, 4, 8,
-            max_tokens=16, prompt_words=[12, 80], api_key=None, keepalive=False,
+            engine.base_url,
+            engine.served_name,
+            4,
+            8,
+            max_tokens=16,
+            prompt_words=[12, 80],
+            api_key=None,
+            keepalive=False,
         )
         return one, four
 
@@ -166,9 +178,24 @@ def test_measure_level_counts_failures_as_errors(engine: Engine) -> None:
 def test_bench_cli_writes_json_and_png(engine: Engine, tmp_path: Path) -> None:
     out = tmp_path / "bench"
     argv = [
-        sys.executable, "-m", "backend", "bench", "--concurrency", "1,64", "--requests-per-level", "2",
-        "--max-tokens", "8", "--prompt-mix", "short,medium", "--keepalive", "both", "--out", str(out),
-        "--label", "ci",
+        sys.executable,
+        "-m",
+        "backend",
+        "bench",
+        "--concurrency",
+        "1,64",
+        "--requests-per-level",
+        "2",
+        "--max-tokens",
+        "8",
+        "--prompt-mix",
+        "short,medium",
+        "--keepalive",
+        "both",
+        "--out",
+        str(out),
+        "--label",
+        "ci",
     ]
     done = subprocess.run(argv, cwd=ROOT, env=backend_env(engine.run_dir), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -231,8 +258,10 @@ def test_cpu_candidates_vary_seqs_and_batch_only() -> None:
 def test_gpu_candidates_cover_every_split_the_planner_accepts() -> None:
     found, refused = candidates("2xH200-nvlink")
     assert refused == []
-    splits = {(c.values["tensor_parallel_size"], c.values["pipeline_parallel_size"], c.values["data_parallel_size"])
-              for c in found}
+    splits = {
+        (c.values["tensor_parallel_size"], c.values["pipeline_parallel_size"], c.values["data_parallel_size"])
+        for c in found
+    }
     assert splits == {(1, 1, 2), (2, 1, 1), (1, 2, 1)}
     assert found[0].values["data_parallel_size"] == 2, "default: replicas for a small model"
     for c in found:
@@ -346,8 +375,19 @@ def test_time_budget_estimate_learns_from_measured_candidates() -> None:
 
 
 def test_tune_dry_run_lists_candidates_without_starting_engines(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "backend", "tune", "--dry-run", "--hardware", "2xH200-nvlink",
-            "--model", str(ERNIE), "--max-candidates", "3"]
+    argv = [
+        sys.executable,
+        "-m",
+        "backend",
+        "tune",
+        "--dry-run",
+        "--hardware",
+        "2xH200-nvlink",
+        "--model",
+        str(ERNIE),
+        "--max-candidates",
+        "3",
+    ]
     done = subprocess.run(argv, cwd=ROOT, env=backend_env(tmp_path), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     listed = [line for line in done.stdout.splitlines() if line.startswith("  ") and ". " in line[:6]]
