@@ -645,7 +645,7 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         return 1
     report.update(
         label=args.label,
-        hardware=context.get("hardware") or _this_machine(),
+        hardware=context.get("hardware") or this_machine(),
         plan=plan,
         demo=context.get("demo"),
         warmup=context.get("warmup"),
@@ -661,7 +661,7 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     return 1 if errors else 0
 
 
-def _this_machine() -> str:
+def this_machine() -> str:
     try:
         from config.hardware import detect
 

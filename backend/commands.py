@@ -4,37 +4,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 
+from backend.engine import unwind_on_signals
 from config.settings import Settings
-
-
-def _term_to_exit(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM unwinds like Ctrl-C, so every ``finally`` stops what it started."""
-    raise SystemExit(128 + signum)
-
-
-def _unwind_on_signals() -> None:
-    """SIGTERM, and SIGINT even when a non-interactive shell started us with it ignored."""
-    signal.signal(signal.SIGTERM, _term_to_exit)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     from backend.serve import run_serve
 
-    _unwind_on_signals()
+    unwind_on_signals()
     return run_serve(settings)
 
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     from backend.up import run_up
 
-    _unwind_on_signals()
+    unwind_on_signals()
     return run_up(settings)
 
 
@@ -101,7 +89,7 @@ def register(sub: argparse._SubParsersAction, add_plan_options: Callable[[argpar
     p.add_argument("--full-size", action="store_true", help="the real 0.36 B shape (for GPU benchmarks)")
     p.set_defaults(handler=cmd_demo_model)
 
-    from backend import bench, tune, verify
+    from backend import bench, startup_bench, tune, verify
 
-    for module in (bench, verify, tune):
+    for module in (bench, startup_bench, verify, tune):
         module.register(sub, add_plan_options)

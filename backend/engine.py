@@ -8,6 +8,18 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from types import FrameType
+
+
+def _raise_exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def unwind_on_signals() -> None:
+    """SIGTERM unwinds like Ctrl-C, so every ``finally`` stops what it started; SIGINT too,
+    even when a non-interactive shell started this process with SIGINT ignored."""
+    signal.signal(signal.SIGTERM, _raise_exit)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class EngineStartError(RuntimeError):
@@ -23,6 +35,13 @@ def port_in_use(host: str, port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (for engines started by tune and benchmarks)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 class EngineProcess:

@@ -11,7 +11,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -286,6 +287,18 @@ class Server:
         if self.status.state != "failed":
             self.update("stopped", "stopped", self.status.progress)
             self.display.done()
+
+
+@contextmanager
+def logged_server(settings: Settings, log_path: Path) -> Iterator[Server]:
+    """A Server whose terminal output goes to a file (tune, benchmarks); stopped on exit."""
+    with open(log_path, "w") as log:
+        server = Server(settings, say=lambda msg: print(msg, file=log, flush=True))
+        server.display = Display(server.t0, stream=log)
+        try:
+            yield server
+        finally:
+            server.stop()
 
 
 def run_serve(settings: Settings) -> int:

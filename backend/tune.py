@@ -22,19 +22,17 @@ import asyncio
 import itertools
 import json
 import math
-import signal
-import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import httpx
 
 from backend.bench import measure_level, prompt_shapes
+from backend.engine import free_port, unwind_on_signals
 from backend.warmup import LONG_CAP
 from config.hardware import Hardware
 from config.model import ModelSpec
@@ -302,12 +300,6 @@ def candidate_estimate(spent: Sequence[float], device: str) -> float:
     return sum(spent) / len(spent) if spent else PRIOR_CANDIDATE_S.get(device, PRIOR_CANDIDATE_S["cuda"])
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_port_free(host: str, port: int, timeout_s: float = 30.0) -> None:
     from backend.engine import port_in_use
 
@@ -351,7 +343,7 @@ def run_candidate(
     min_model_len: int,
 ) -> dict[str, Any]:
     """Start the candidate's engine, measure it at the target concurrency and at 1, stop it."""
-    from backend.serve import Display, Server
+    from backend.serve import logged_server
 
     s = settings.model_copy(deep=True)
     s.engine.pins = {**cand.pins, **settings.engine.pins}
@@ -368,9 +360,7 @@ def run_candidate(
         "ok": False,
         "error": None,
     }
-    with open(run_dir / "serve.log", "w") as log:
-        server = Server(s, say=lambda msg: print(msg, file=log, flush=True))
-        server.display = Display(server.t0, stream=log)
+    with logged_server(s, run_dir / "serve.log") as server:
         t0 = time.monotonic()
         try:
             if not server.start():
@@ -419,14 +409,7 @@ def run_candidate(
             record["ok"] = True
         except (httpx.HTTPError, ValueError, OSError) as err:  # one bad candidate must not end the tune
             record["error"] = f"measuring failed: {type(err).__name__}: {err}"
-        finally:
-            server.stop()
     return record
-
-
-def _term_to_exit(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM unwinds like Ctrl-C, so the running candidate's engine is stopped."""
-    raise SystemExit(128 + signum)
 
 
 def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
@@ -435,7 +418,7 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
     from config.pipeline import read_model_shape
     from config.tuned import TunedProfile, save_tuned
 
-    signal.signal(signal.SIGTERM, _term_to_exit)
+    unwind_on_signals()
     t0 = time.monotonic()
     started = datetime.now(UTC)
 

@@ -1,0 +1,135 @@
+"""``bench-startup``: what start-up costs, and what warm-up saves the first user.
+
+With warm-up on and off in turn: start the engine (its own run dir and port), time launch to
+ready, then send the first user request and a few more (distinct prompts) and record their
+time to first token. Without warm-up the first user pays for what vLLM does on first use
+(kernel compilation, allocator growth); with it, the first user sees the steady state.
+Output: a table, ``startup.json`` and ``startup.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from backend.bench import this_machine
+from backend.client import chat
+from backend.engine import free_port, unwind_on_signals
+from backend.serve import logged_server
+from backend.warmup import prompt_of
+from config.settings import Settings
+
+USER_REQUESTS = 6
+REPLY_TOKENS = 16
+
+
+async def _user_requests(base_url: str, model: str, api_key: str | None, n: int) -> list[float]:
+    """TTFT of ``n`` sequential user-like requests (distinct prompts, so no prefix-cache hits)."""
+    out: list[float] = []
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0)) as client:
+        for _ in range(n):
+            res = await chat(
+                client,
+                base_url,
+                model,
+                [{"role": "user", "content": prompt_of(40)}],
+                max_tokens=REPLY_TOKENS,
+                api_key=api_key,
+                extra={"ignore_eos": True},
+            )
+            if not res.ok:
+                raise RuntimeError(f"request failed: {res.error}")
+            out.append(res.ttft_s or 0.0)
+    return out
+
+
+def measure_start(settings: Settings, *, warmup: bool, run_dir: Path) -> dict[str, Any]:
+    s = settings.model_copy(deep=True)
+    s.engine.warmup = warmup
+    s.engine.port = free_port()
+    s.engine.run_dir = run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with logged_server(s, run_dir / "serve.log") as server:
+        t0 = time.monotonic()
+        if not server.start():
+            return {"warmup": warmup, "ok": False, "error": server.status.error}
+        ready_s = time.monotonic() - t0
+        assert server.planned is not None
+        ttfts = asyncio.run(
+            _user_requests(server.base_url, server.planned.plan.served_name, s.engine.api_key, USER_REQUESTS)
+        )
+        return {
+            "warmup": warmup,
+            "ok": True,
+            "ready_s": round(ready_s, 1),
+            "startup": server.status.startup,
+            "plan": server.planned.plan.summary(),
+            "first_user_ttft_s": round(ttfts[0], 4),
+            "steady_ttft_s": round(statistics.median(ttfts[1:]), 4),
+            "user_ttfts_s": [round(t, 4) for t in ttfts],
+            "warmup_record": server.status.warmup,
+        }
+
+
+def _plot(runs: list[dict[str, Any]], path: Path) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib missing: no plot"
+    ok = [r for r in runs if r["ok"]]
+    labels = [f"warm-up {'on' if r['warmup'] else 'off'}" for r in ok]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+    a.bar(labels, [r["ready_s"] for r in ok], color="#888")
+    a.set_ylabel("launch to ready (s)")
+    x = range(len(ok))
+    b.bar([i - 0.2 for i in x], [r["first_user_ttft_s"] * 1000 for r in ok], 0.4, label="first user request")
+    b.bar([i + 0.2 for i in x], [r["steady_ttft_s"] * 1000 for r in ok], 0.4, label="steady (median of next)")
+    b.set_xticks(list(x), labels)
+    b.set_ylabel("TTFT (ms)")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def cmd_bench_startup(args: argparse.Namespace, settings: Settings) -> int:
+    unwind_on_signals()
+    out = Path(args.out or f"bench-results/startup-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for warmup in (True, False):
+        print(f"starting with warm-up {'on' if warmup else 'off'} ...", flush=True)
+        run = measure_start(settings, warmup=warmup, run_dir=out / f"engine-warmup-{'on' if warmup else 'off'}")
+        runs.append(run)
+        if run["ok"]:
+            print(
+                f"  ready in {run['ready_s']:.1f} s; first user TTFT {run['first_user_ttft_s'] * 1000:.0f} ms, "
+                f"steady {run['steady_ttft_s'] * 1000:.0f} ms",
+                flush=True,
+            )
+        else:
+            print(f"  failed: {run['error']}", flush=True)
+    report = {"machine": this_machine(), "model": settings.model.id, "runs": runs}
+    (out / "startup.json").write_text(json.dumps(report, indent=2))
+    note = _plot(runs, out / "startup.png")
+    print(f"wrote {out / 'startup.json'}" + (f" ({note})" if note else f" and {out / 'startup.png'}"))
+    return 0 if all(r["ok"] for r in runs) else 1
+
+
+def register(sub: argparse._SubParsersAction, add_plan_options: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser("bench-startup", help="start-up time and first-user TTFT, with and without warm-up")
+    add_plan_options(p)
+    p.add_argument("--out", help="output directory (default bench-results/startup-<time>)")
+    p.set_defaults(handler=cmd_bench_startup)
