@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from backend.client import ChatResult, chat, headers
+from backend.client import ChatResult, ask, headers
 from backend.metrics import root_url
 from backend.warmup import LONG_CAP, prompt_of, sized_prompt
 from config.settings import Settings, fail
@@ -258,15 +258,8 @@ async def measure_level(
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
 
         async def one(_worker: int, i: int) -> ChatResult:
-            messages = [{"role": "user", "content": prompt_of(words[i % len(words)])}]
-            return await chat(
-                client,
-                base_url,
-                model,
-                messages,
-                max_tokens=max_tokens,
-                api_key=api_key,
-                extra={"ignore_eos": True},
+            return await ask(
+                client, base_url, model, prompt_of(words[i % len(words)]), max_tokens=max_tokens, api_key=api_key
             )
 
         results, wall, cut = await _closed_loop(concurrency, n_requests, one, time_cap_s, drain_s)

@@ -109,3 +109,26 @@ async def chat(
         res.error = f"{type(err).__name__}: {err}"
     res.total_s = time.perf_counter() - t0
     return res
+
+
+async def ask(
+    client: httpx.AsyncClient,
+    base_url: str,
+    model: str,
+    text: str,
+    *,
+    max_tokens: int,
+    api_key: str | None = None,
+    stream: bool = True,
+) -> ChatResult:
+    """One user message with a reply of exactly ``max_tokens`` (``ignore_eos``): load for measuring."""
+    return await chat(
+        client,
+        base_url,
+        model,
+        [{"role": "user", "content": text}],
+        max_tokens=max_tokens,
+        stream=stream,
+        api_key=api_key,
+        extra={"ignore_eos": True},
+    )

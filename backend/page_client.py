@@ -28,6 +28,25 @@ from typing import Any
 from backend.client import ChatResult
 
 SOCKET_PATH = "/ws/socket.io"
+
+
+def browser_auth(session_id: str) -> dict[str, str]:
+    """The auth object Chainlit's react client sends (chainlit/socket.py ``connect`` reads it)."""
+    return {"clientType": "webapp", "sessionId": session_id, "threadId": "", "userEnv": "{}", "chatProfile": ""}
+
+
+def user_message(text: str) -> dict[str, str]:
+    """A typed message as the page's ``client_message`` carries it."""
+    return {
+        "id": str(uuid.uuid4()),
+        "threadId": "",
+        "name": "User",
+        "type": "user_message",
+        "output": text,
+        "createdAt": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+    }
+
+
 FOOTER_TOKENS = re.compile(r"· (\d+) tokens ·")
 """The page's footer carries the engine's own completion-token count."""
 
@@ -147,13 +166,7 @@ class PageSession:
                 socketio_path=SOCKET_PATH,
                 transports=["websocket"],
                 headers={"Cookie": self.cookie} if self.cookie else {},
-                auth={
-                    "clientType": "webapp",
-                    "sessionId": self.session_id,
-                    "threadId": "",
-                    "userEnv": "{}",
-                    "chatProfile": "",
-                },
+                auth=browser_auth(self.session_id),
                 wait_timeout=timeout,
             )
         except (socketio.exceptions.ConnectionError, OSError) as err:
@@ -173,14 +186,7 @@ class PageSession:
 
     async def ask(self, text: str, timeout: float = 300.0) -> ChatResult:
         """Send a message and wait for the whole reply; its timings as a ChatResult."""
-        step = {
-            "id": str(uuid.uuid4()),
-            "threadId": "",
-            "name": "User",
-            "type": "user_message",
-            "output": text,
-            "createdAt": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
-        }
+        step = user_message(text)
         ask = _Ask(message_id=step["id"], t0=time.perf_counter())
         self._ask = ask
         try:

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from backend.bench import this_machine
-from backend.client import chat
+from backend.client import ask
 from backend.engine import free_port, unwind_on_signals
 from backend.serve import logged_server
 from backend.warmup import prompt_of
@@ -36,15 +36,7 @@ async def _user_requests(base_url: str, model: str, api_key: str | None, n: int)
     out: list[float] = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0)) as client:
         for _ in range(n):
-            res = await chat(
-                client,
-                base_url,
-                model,
-                [{"role": "user", "content": prompt_of(40)}],
-                max_tokens=REPLY_TOKENS,
-                api_key=api_key,
-                extra={"ignore_eos": True},
-            )
+            res = await ask(client, base_url, model, prompt_of(40), max_tokens=REPLY_TOKENS, api_key=api_key)
             if not res.ok:
                 raise RuntimeError(f"request failed: {res.error}")
             out.append(res.ttft_s or 0.0)

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import httpx
 
-from backend.client import ChatResult, chat
+from backend.client import ChatResult, ask
 from backend.status import EngineStatus, read_status
 from config.hardware import visible_indexes
 from config.plan import Plan
@@ -658,15 +658,7 @@ async def run_prompts(
 
         async def ask_engine(text: str) -> ChatResult:
             with _phase(sampler, "prompts"):
-                return await chat(
-                    client,
-                    base_url,
-                    served_name,
-                    [{"role": "user", "content": text}],
-                    max_tokens=reply_tokens,
-                    api_key=api_key,
-                    extra={"ignore_eos": True},
-                )
+                return await ask(client, base_url, served_name, text, max_tokens=reply_tokens, api_key=api_key)
 
         return await send_prompts(prompts, lengths, ask_engine), f"engine {base_url}{path_note}"
 
@@ -682,15 +674,7 @@ async def load_engine(
         async def user(text: str) -> int:
             done = 0
             while time.monotonic() < deadline and not errors:
-                res = await chat(
-                    client,
-                    base_url,
-                    served_name,
-                    [{"role": "user", "content": text}],
-                    max_tokens=reply_tokens,
-                    api_key=api_key,
-                    extra={"ignore_eos": True},
-                )
+                res = await ask(client, base_url, served_name, text, max_tokens=reply_tokens, api_key=api_key)
                 if res.error:
                     errors.append(res.error)
                 done += 1

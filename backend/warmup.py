@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from backend.client import ChatResult, chat, headers
+from backend.client import ChatResult, ask, headers
 from backend.metrics import fetch_metrics, per_engine, root_url
 from config.plan import Plan
 
@@ -108,15 +108,8 @@ async def warm_up(
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
 
         async def one(shape: str, words: int, stream: bool = True) -> ChatResult:
-            res = await chat(
-                client,
-                base_url,
-                model,
-                [{"role": "user", "content": prompt_of(words)}],
-                max_tokens=REPLY_TOKENS,
-                stream=stream,
-                api_key=api_key,
-                extra={"ignore_eos": True},
+            res = await ask(
+                client, base_url, model, prompt_of(words), max_tokens=REPLY_TOKENS, stream=stream, api_key=api_key
             )
             results.append((shape, res))
             if not res.ok:

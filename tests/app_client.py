@@ -17,11 +17,12 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import socketio
+
+from backend.page_client import SOCKET_PATH, browser_auth, user_message
 
 EVENTS = (
     "new_message",
@@ -88,15 +89,9 @@ class ChatClient:
         """Open the tab; with ``wait_start``, return once ``on_chat_start`` has finished."""
         await self.sio.connect(
             self.url,
-            socketio_path="/ws/socket.io",
+            socketio_path=SOCKET_PATH,
             transports=["websocket"],
-            auth={
-                "clientType": "webapp",
-                "sessionId": self.session_id,
-                "threadId": "",
-                "userEnv": "{}",
-                "chatProfile": "",
-            },
+            auth=browser_auth(self.session_id),
             wait_timeout=timeout,
         )
         await self.sio.emit("connection_successful")
@@ -150,14 +145,7 @@ class ChatClient:
     # -- what a person does ----------------------------------------------------------------
     async def send(self, text: str) -> str:
         """Type and send a message; returns its id (the reply's ``metadata.in_reply_to``)."""
-        step = {
-            "id": str(uuid.uuid4()),
-            "threadId": "",
-            "name": "User",
-            "type": "user_message",
-            "output": text,
-            "createdAt": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
-        }
+        step = user_message(text)
         await self.sio.emit("client_message", {"message": step, "fileReferences": []})
         return step["id"]
 
