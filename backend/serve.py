@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from backend.cluster import RayHead, worker_lines
 from backend.engine import EngineProcess, EngineStartError, port_in_use
 from backend.logwatch import LogState
 from backend.resolve import ResolvedModel, resolve_model
@@ -24,6 +25,7 @@ from backend.status import WARMUP_FILE, EngineStatus, write_status
 from backend.warmup import WarmupError, warm_up
 from config.commands import engine_argv, engine_env
 from config.pipeline import Planned, plan_for
+from config.plan import Plan
 from config.settings import Settings
 
 DEMO_BANNER = (
@@ -71,6 +73,7 @@ class Server:
         self.run_dir = settings.engine.run_dir
         self.status = EngineStatus(pid=os.getpid(), log_path=str(self.run_dir / "engine.log"))
         self.engine: EngineProcess | None = None
+        self.ray: RayHead | None = None
         self.planned: Planned | None = None
         self.resolved: ResolvedModel | None = None
         self.t0 = time.monotonic()
@@ -143,6 +146,8 @@ class Server:
         self.say("engine: " + " ".join(argv))
         launch = time.monotonic()
         try:
+            if plan.nodes > 1:
+                self._start_cluster(plan)
             self.engine.start()
         except EngineStartError as err:
             self.fail(str(err))
@@ -281,9 +286,22 @@ class Server:
         self.say(f"error: {self.status.error}")
         return False
 
+    def _start_cluster(self, plan: Plan) -> None:
+        """Ray head here, the worker line for every other node, then wait until all joined."""
+        self.ray = RayHead(self.settings.engine.python, plan, self.run_dir)
+        for line in worker_lines(plan, self.ray.ip):
+            self.say(f"on each worker node run: {line}")
+        if self.ray.ip.startswith("127."):
+            self.say("note: this node's name resolves to a loopback address; use its network address in that line")
+        self.ray.start()
+        self.update("starting", f"Ray head at {self.ray.address}", 0.04)
+        self.ray.wait_for_workers(self.settings.engine.start_timeout_s, lambda msg: self.update(detail=msg))
+
     def stop(self) -> None:
         if self.engine:
             self.engine.stop()
+        if self.ray:
+            self.ray.stop()
         if self.status.state != "failed":
             self.update("stopped", "stopped", self.status.progress)
             self.display.done()

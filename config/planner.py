@@ -630,7 +630,7 @@ def _choose_frontend(draft: _Draft, hardware: Hardware, model: ModelSpec, worklo
     cores = hardware.node.cpu_cores
     small = model.active_param_count < 3 * 10**9
     count = dp
-    if small and workload.objective != "latency" and cores >= 16:
+    if small and workload.objective != "latency" and cores >= 16 and hardware.nodes == 1:
         count = max(dp, min(4, cores // 4))
     draft.set(
         "api_server_count",
