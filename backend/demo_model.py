@@ -45,8 +45,9 @@ __all__ = [
 DEMO_MARKER: Final = "DEMO_MODEL.json"
 """File in a checkpoint directory that marks it as this random-weight demo."""
 
-MARKER_FORMAT: Final = 1
-"""Bumped when the checkpoint layout changes, so older demo checkpoints are rewritten."""
+MARKER_FORMAT: Final = 2
+"""Bumped when the checkpoint changes, so older demo checkpoints are rewritten (2: special-token
+embedding rows are zero, so greedy replies run to max_tokens)."""
 
 NOTE: Final = "random weights: answers are noise"
 
@@ -328,6 +329,10 @@ def _write_weights(directory: Path, shape: dict[str, Any], seed: int) -> int:
                 param.fill_(1.0)
             else:
                 param.normal_(0.0, std, generator=generator)
+        # Zero rows for the special tokens: with tied embeddings their logit is always 0, below
+        # the largest of thousands of random logits, so greedy replies never end early and
+        # sampled ones rarely do. Latency tests and demos rely on replies of the asked length.
+        model.model.embed_tokens.weight[: len(SPECIAL_TOKENS)] = 0
     n_params = sum(p.numel() for p in model.parameters())
 
     save_kwargs: dict[str, Any] = {"max_shard_size": "50GB"}

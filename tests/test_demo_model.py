@@ -43,6 +43,7 @@ LOAD_SCRIPT = textwrap.dedent(
     enc = tok(rendered, return_tensors="pt")
     with torch.no_grad():
         logits = model(input_ids=enc["input_ids"]).logits
+        greedy = model.generate(**enc, max_new_tokens=64, do_sample=False)[0, enc["input_ids"].shape[1]:]
     rope = getattr(cfg, "rope_parameters", None) or {}
     with safe_open(f"{path}/model.safetensors", framework="pt") as weights:
         saved_dtypes = sorted({str(weights.get_tensor(k).dtype) for k in weights.keys()})
@@ -71,6 +72,9 @@ LOAD_SCRIPT = textwrap.dedent(
         "n_input": int(enc["input_ids"].shape[1]),
         "logits_shape": list(logits.shape),
         "logits_finite": bool(torch.isfinite(logits).all()),
+        "special_rows_zero": bool((model.model.embed_tokens.weight[:5] == 0).all()),
+        "greedy_len": int(greedy.shape[0]),
+        "greedy_specials": sorted({int(t) for t in greedy if int(t) < 5}),
     }))
     """
 )
@@ -194,6 +198,12 @@ def test_every_sampled_id_decodes_to_text(loaded: dict[str, Any]) -> None:
 def test_forward_pass_gives_vocab_logits(loaded: dict[str, Any]) -> None:
     assert loaded["logits_shape"] == [1, loaded["n_input"], loaded["vocab_size"]]
     assert loaded["logits_finite"] is True
+
+
+def test_greedy_replies_never_end_early(loaded: dict[str, Any]) -> None:
+    """Latency tests and stop tests need replies of the asked length: no special token is chosen."""
+    assert loaded["special_rows_zero"]
+    assert loaded["greedy_len"] == 64 and loaded["greedy_specials"] == []
 
 
 def test_second_run_is_a_no_op(engine: Path, tiny: Path) -> None:
