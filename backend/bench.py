@@ -587,7 +587,7 @@ def _running_target(settings: Settings, url: str | None, model: str | None) -> t
         context["notes"].append(f"{url} is not the engine of {run_dir}: no plan or hardware recorded")
     if not model:
         fail("--model: the served model name is not known for this URL; pass --model NAME")
-    assert url is not None
+    assert url is not None and model is not None  # fail() above exits otherwise
     return url, model, context
 
 

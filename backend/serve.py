@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
 import httpx
 
@@ -38,10 +39,12 @@ DEMO_BANNER = (
 class Display:
     """Phase lines with elapsed time; one self-updating line on a terminal."""
 
-    def __init__(self, t0: float, stream=sys.stdout) -> None:
+    WIDTH = 150
+
+    def __init__(self, t0: float, stream: TextIO | None = None) -> None:
         self.t0 = t0
-        self.stream = stream
-        self.tty = stream.isatty()
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty()
         self.last = ""
 
     def show(self, state: str, detail: str, progress: float) -> None:
@@ -49,14 +52,11 @@ class Display:
         bar = "#" * int(progress * 20)
         line = f"[{elapsed:6.1f}s] {state:8} [{bar:<20}] {progress:4.0%}  {detail}"
         if self.tty:
-            self.stream.write("\r" + line[:150].ljust(self.last_len()))
+            self.stream.write("\r" + line[: self.WIDTH].ljust(self.WIDTH))
             self.stream.flush()
         elif detail != self.last:
             print(line, file=self.stream, flush=True)
         self.last = detail
-
-    def last_len(self) -> int:
-        return 150
 
     def done(self) -> None:
         if self.tty:

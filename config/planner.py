@@ -148,6 +148,7 @@ def coerce_pins(pins: dict[str, Any]) -> dict[str, Any]:
         if key not in PINNABLE:
             raise PlanError(f"cannot pin '{key}': pinnable keys are {', '.join(PINNABLE)}")
         annotation = Plan.model_fields[key].annotation
+        assert annotation is not None
         try:
             value = TypeAdapter(annotation).validate_python(raw, strict=False)
         except ValidationError as err:
@@ -263,7 +264,7 @@ def _plan_cpu(draft: _Draft, hardware: Hardware, model: ModelSpec, workload: Wor
 def _choose_max_len(draft: _Draft, model: ModelSpec, workload: WorkloadSettings, kv_tokens: int, where: str) -> int:
     """The wanted context, or the model's own capped to what the KV cache holds."""
     if "max_model_len" in draft.pins or workload.context:
-        wanted = draft.pins.get("max_model_len", workload.context)
+        wanted: int = draft.pins.get("max_model_len") or workload.context or 0
         key = "max_model_len" if "max_model_len" in draft.pins else "workload.context"
         if wanted > model.max_context:
             raise PlanError(
