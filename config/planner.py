@@ -305,7 +305,7 @@ def _select_gpus(draft: _Draft, hardware: Hardware, model: ModelSpec) -> list[GP
         return gpus
     smallest = min(gpus, key=lambda g: g.memory_bytes)
     need = weights_per_gpu(model, 1, 1) + CUDA_RUNTIME_RESERVE
-    names = ", ".join(f"{g.index}: {g.name} {g.memory_bytes / GIB:.0f} GiB" for g in gpus)
+    names = ", ".join(f"{g.index}: {g.name} {g.memory_bytes / GIB:g} GiB" for g in gpus)
     if smallest.memory_bytes * DEFAULT_GPU_UTILIZATION >= need or "tensor_parallel_size" in draft.pins:
         draft.warnings.append(
             f"mixed GPUs ({names}): memory is planned to the smallest ({smallest.name}); "
@@ -317,7 +317,7 @@ def _select_gpus(draft: _Draft, hardware: Hardware, model: ModelSpec) -> list[GP
     dropped = [g for g in gpus if g not in keep]
     draft.warnings.append(
         "left out: "
-        + ", ".join(f"GPU {g.index} ({g.name}, {g.memory_bytes / GIB:.0f} GiB)" for g in dropped)
+        + ", ".join(f"GPU {g.index} ({g.name}, {g.memory_bytes / GIB:g} GiB)" for g in dropped)
         + f": too small to hold a copy of the model's weights beside the {largest.name}s"
     )
     return keep
@@ -367,7 +367,7 @@ def _not_fit_error(model: ModelSpec, gpu: GPUInfo, usable: int, gpus: int) -> Pl
     n_needed = max(2, math.ceil(need / usable))
     n_pow2 = 1 << (n_needed - 1).bit_length()
     four_bit = model.param_count // 2
-    hints = [f"{n_pow2} or more GPUs of {gpu.memory_bytes / GIB:.0f} GiB (tensor/pipeline parallel)"]
+    hints = [f"{n_pow2} or more GPUs of {gpu.memory_bytes / GIB:g} GiB (tensor/pipeline parallel)"]
     if four_bit + CUDA_RUNTIME_RESERVE < usable * gpus:
         hints.append(f"4-bit quantisation (~{four_bit / GIB:.0f} GiB of weights)")
     hints.append("a smaller model")
@@ -375,7 +375,7 @@ def _not_fit_error(model: ModelSpec, gpu: GPUInfo, usable: int, gpus: int) -> Pl
     return PlanError(
         f"{model.source} does not fit: {w / GIB:.1f} GiB of weights in {model.dtype}, and {where} "
         f"{'give' if gpus > 1 else 'gives'} {usable * gpus / GIB:.1f} GiB usable "
-        f"({gpu.memory_bytes / GIB:.0f} GiB x {usable / gpu.memory_bytes:.2f}); would fit: {'; '.join(hints)}"
+        f"({gpu.memory_bytes / GIB:g} GiB x {usable / gpu.memory_bytes:.2f}); would fit: {'; '.join(hints)}"
     )
 
 
@@ -533,7 +533,7 @@ def _choose_parallel(
             good = ", ".join(f"tp={t} pp={p}" for t, p in every if fits(t, p)) or "none"
             raise PlanError(
                 f"tensor_parallel_size={pinned_tp or 1}, pipeline_parallel_size={pinned_pp or 1}: "
-                f"{model.source} does not fit in {smallest.memory_bytes / GIB:.0f} GiB GPUs at that split; "
+                f"{model.source} does not fit in {smallest.memory_bytes / GIB:g} GiB GPUs at that split; "
                 f"splits that fit: {good}"
             )
         raise _not_fit_error(model, smallest, usable, gpn)

@@ -52,18 +52,18 @@ A100 = "NVIDIA A100-SXM4-80GB"
 
 SHIPPED: dict[str, Expect] = {
     "cpu-only": Expect(1, 0, False, pcie=None),
-    "1xL4": Expect(1, 1, False, (L4,), 24, (8, 9)),
-    "1xA10": Expect(1, 1, False, (A10,), 24, (8, 6)),
-    "1xT4": Expect(1, 1, False, ("Tesla T4",), 16, (7, 5), (3, 16)),
+    "1xL4": Expect(1, 1, False, (L4,), 22.5, (8, 9)),
+    "1xA10": Expect(1, 1, False, (A10,), 22.5, (8, 6)),
+    "1xT4": Expect(1, 1, False, ("Tesla T4",), 15, (7, 5), (3, 16)),
     "1xA100-80G": Expect(1, 1, False, (A100,), 80, (8, 0)),
     "1xH200": Expect(1, 1, False, (H200,), 140, (9, 0), (5, 16)),
-    "2xA10-pcie": Expect(1, 2, False, (A10,) * 2, 24, (8, 6)),
-    "4xA10-pcie": Expect(1, 4, False, (A10,) * 4, 24, (8, 6)),
-    "4xA10-pcie-x4": Expect(1, 4, False, (A10,) * 4, 24, (8, 6), (4, 4)),
+    "2xA10-pcie": Expect(1, 2, False, (A10,) * 2, 22.5, (8, 6)),
+    "4xA10-pcie": Expect(1, 4, False, (A10,) * 4, 22.5, (8, 6)),
+    "4xA10-pcie-x4": Expect(1, 4, False, (A10,) * 4, 22.5, (8, 6), (4, 4)),
     "2xA100-nvlink": Expect(1, 2, True, (A100,) * 2, 80, (8, 0)),
     "2xH200-nvlink": Expect(1, 2, True, (H200,) * 2, 140, (9, 0), (5, 16)),
     "8xH200-nvlink": Expect(1, 8, True, (H200,) * 8, 140, (9, 0), (5, 16)),
-    "2node-2xA10": Expect(2, 2, False, (A10,) * 2, 24, (8, 6)),
+    "2node-2xA10": Expect(2, 2, False, (A10,) * 2, 22.5, (8, 6)),
     "mixed-A10-L4": Expect(1, 2, False, (A10, L4)),
 }
 

@@ -83,3 +83,11 @@ def test_toml_syntax_error_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(SettingsError) as err:
         load_settings()
     assert "erniechat.toml" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_shipped_example_file_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The documented example stays valid: every key in it exists and has a good value."""
+    example = Path(__file__).resolve().parents[1] / "erniechat.example.toml"
+    monkeypatch.setenv("ERNIECHAT_CONFIG", str(example))
+    s = load_settings()
+    assert s.engine.hardware == "auto" and s.app.keepalive is False and s.workload.users == 8
