@@ -30,6 +30,7 @@ import httpx
 
 from backend.client import ChatResult, ask, headers
 from backend.metrics import root_url
+from backend.report import SHOWN
 from backend.warmup import LONG_CAP, prompt_of, sized_prompt
 from config.settings import Settings, fail
 
@@ -561,20 +562,7 @@ def _running_target(settings: Settings, url: str | None, model: str | None) -> t
             plan = json.loads((run_dir / "plan.json").read_text())
         except (OSError, ValueError):
             plan = {}
-        keys = (
-            "summary",
-            "hardware",
-            "device",
-            "tensor_parallel_size",
-            "pipeline_parallel_size",
-            "data_parallel_size",
-            "max_num_seqs",
-            "max_num_batched_tokens",
-            "max_model_len",
-            "api_server_count",
-            "async_scheduling",
-            "dtype",
-        )
+        keys = ("summary", "hardware", "device", *SHOWN)
         context["plan"] = {k: plan[k] for k in keys if k in plan} or {"summary": status.plan_summary}
         url = url or status.base_url
         model = model or status.served_name
