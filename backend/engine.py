@@ -44,6 +44,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def log_tail(path: Path, n: int = 8) -> str:
+    """The last ``n`` lines of a child's log, for error messages."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
 class EngineProcess:
     """One vLLM OpenAI-compatible server and its worker processes."""
 
@@ -82,6 +90,9 @@ class EngineProcess:
 
     def exit_code(self) -> int | None:
         return self.proc.poll() if self.proc else None
+
+    def tail(self, n: int = 8) -> str:
+        return log_tail(self.log_path, n)
 
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM to the whole group, then SIGKILL what is left after the grace period."""

@@ -188,9 +188,7 @@ class Server:
                 if code is not None:
                     self._read_log(log_path, offset)
                     self.engine.stop()
-                    self.fail(
-                        f"the engine exited during start-up (code {code}); last log lines:\n{self._tail(log_path)}"
-                    )
+                    self.fail(f"the engine exited during start-up (code {code}); last log lines:\n{self.engine.tail()}")
                     return False
                 if self._log.phase and self._log.phase.key == "api" and self._healthy(http, served):
                     return True
@@ -226,13 +224,6 @@ class Server:
             if phase:
                 self.update(phase.state, phase.label, phase.progress)
         return offset + end
-
-    @staticmethod
-    def _tail(path: Path, n: int = 8) -> str:
-        try:
-            return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-        except FileNotFoundError:
-            return "(no log)"
 
     def _warm_up(self) -> bool:
         assert self.planned is not None
@@ -281,8 +272,7 @@ class Server:
         if code is None:
             return True
         self.engine.stop()
-        log = Path(self.status.log_path)
-        self.fail(f"the engine exited unexpectedly (code {code}); last log lines:\n{self._tail(log)}")
+        self.fail(f"the engine exited unexpectedly (code {code}); last log lines:\n{self.engine.tail()}")
         self.say(f"error: {self.status.error}")
         return False
 

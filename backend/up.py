@@ -76,10 +76,7 @@ class ChatPage:
         return f"the chat page did not answer at {self.url} within {PAGE_START_S:.0f} s; see {self.log_path}"
 
     def tail(self, n: int = 12) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except FileNotFoundError:
-            return "(no log)"
+        return self.process.tail(n)
 
     def stop(self) -> None:
         self.process.stop(grace_s=5.0)

@@ -20,6 +20,8 @@ import httpx
 import pytest
 from conftest import ROOT, Engine, backend_env, free_port
 
+from backend.engine import log_tail
+
 PAGE_START_S = 90
 
 
@@ -35,10 +37,7 @@ class ChatPage:
         return self.proc.poll() is None
 
     def log(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     def stop(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGKILL):
