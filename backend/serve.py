@@ -18,9 +18,11 @@ from typing import TextIO
 
 import httpx
 
+from backend.client import headers
 from backend.cluster import RayHead, worker_lines
 from backend.engine import EngineProcess, EngineStartError, port_in_use
 from backend.logwatch import LogState
+from backend.metrics import root_url
 from backend.resolve import ResolvedModel, resolve_model
 from backend.status import WARMUP_FILE, EngineStatus, write_status
 from backend.warmup import WarmupError, warm_up
@@ -201,12 +203,10 @@ class Server:
         return False
 
     def _healthy(self, http: httpx.Client, served: str) -> bool:
-        root = self.base_url.removesuffix("/v1")
-        headers = {"Authorization": f"Bearer {self.settings.engine.api_key}"} if self.settings.engine.api_key else {}
         try:
-            if http.get(f"{root}/health").status_code != 200:
+            if http.get(f"{root_url(self.base_url)}/health").status_code != 200:
                 return False
-            models = http.get(f"{self.base_url}/models", headers=headers).json()
+            models = http.get(f"{self.base_url}/models", headers=headers(self.settings.engine.api_key)).json()
         except (httpx.HTTPError, ValueError):
             return False
         return any(m.get("id") == served for m in models.get("data", []))
