@@ -31,7 +31,7 @@ import httpx
 from backend.client import ChatResult, ask, headers
 from backend.metrics import root_url
 from backend.report import SHOWN
-from backend.warmup import LONG_CAP, prompt_of, sized_prompt
+from backend.warmup import LONG_CAP, count_tokens, prompt_of, sized_prompt, tokens_per_word
 from config.settings import Settings, fail
 
 DEFAULT_LEVELS = (1, 4, 16, 64)
@@ -168,15 +168,14 @@ async def prompt_shapes(
     shapes: dict[str, dict[str, int]] = {}
     timeout = httpx.Timeout(30.0)
     async with httpx.AsyncClient(timeout=timeout) as client:
+        per_word = await tokens_per_word(client, base_url, model, api_key) if targets else 0.0
         for item in mix:
             if item == "short":
                 shapes[item] = {"words": SHORT_WORDS, "tokens": 0}
                 continue
-            words, tokens = await sized_prompt(client, base_url, model, targets[item], api_key)
+            words, tokens = sized_prompt(targets[item], per_word)
             shapes[item] = {"words": words, "tokens": tokens}
         if "short" in shapes:
-            from backend.warmup import count_tokens
-
             shapes["short"]["tokens"] = await count_tokens(client, base_url, model, prompt_of(SHORT_WORDS), api_key)
     return shapes
 

@@ -75,12 +75,14 @@ async def count_tokens(client: httpx.AsyncClient, base_url: str, model: str, tex
     return int(r.json()["count"])
 
 
-async def sized_prompt(
-    client: httpx.AsyncClient, base_url: str, model: str, tokens: int, api_key: str | None
-) -> tuple[int, int]:
-    """(words, tokens) for a prompt of about ``tokens`` tokens, measured with the model's tokenizer."""
+async def tokens_per_word(client: httpx.AsyncClient, base_url: str, model: str, api_key: str | None) -> float:
+    """How many tokens a word of ``prompt_of`` text costs, measured once with the model's tokenizer."""
     probe_words = 200
-    per_word = await count_tokens(client, base_url, model, prompt_of(probe_words), api_key) / probe_words
+    return await count_tokens(client, base_url, model, prompt_of(probe_words), api_key) / probe_words
+
+
+def sized_prompt(tokens: int, per_word: float) -> tuple[int, int]:
+    """(words, tokens) for a prompt of about ``tokens`` tokens."""
     words = max(4, int(tokens / per_word))
     return words, int(words * per_word)
 
@@ -123,8 +125,9 @@ async def warm_up(
         first = await one("first", 12)
         long_tokens = min(plan.max_model_len - REPLY_TOKENS - 64, LONG_CAP[plan.device])
         medium_tokens = min(prompt_tokens, long_tokens)
-        med_words, med_n = await sized_prompt(client, base_url, model, medium_tokens, api_key)
-        long_words, long_n = await sized_prompt(client, base_url, model, long_tokens, api_key)
+        per_word = await tokens_per_word(client, base_url, model, api_key)
+        med_words, med_n = sized_prompt(medium_tokens, per_word)
+        long_words, long_n = sized_prompt(long_tokens, per_word)
         short_n = await count_tokens(client, base_url, model, prompt_of(12), api_key)
         shapes = [("short", 12), ("medium", med_words), ("long", long_words)]
         for i, (shape, words) in enumerate(shapes):
