@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from backend.client import ChatResult, ask, headers
+from backend.loadgen import Span, client_processes, fan_out, merge, split
 from backend.metrics import root_url
 from backend.report import SHOWN
 from backend.warmup import LONG_CAP, count_tokens, prompt_of, sized_prompt, tokens_per_word
@@ -226,29 +227,19 @@ async def _closed_loop(
     return results, wall, len(pending)
 
 
-async def measure_level(
+async def _direct_span(
     base_url: str,
     model: str,
     concurrency: int,
     n_requests: int,
     *,
     max_tokens: int,
-    prompt_words: int | Sequence[int],
+    words: list[int],
     api_key: str | None,
     keepalive: bool,
-    time_cap_s: float = LEVEL_TIME_CAP_S,
-    drain_s: float = DRAIN_S,
-) -> dict[str, Any]:
-    """One level straight to vLLM: ``n_requests`` streamed chats, ``concurrency`` at a time.
-
-    Request i gets a fresh prompt of ``prompt_words[i % len]`` words and exactly ``max_tokens``
-    reply tokens (``ignore_eos``). ``keepalive`` False: a new connection per request
-    (``max_keepalive_connections=0``, as the chat page does by default); True: pooled
-    connections, the pool sized so it never queues a request.
-    """
-    if concurrency < 1 or n_requests < 1:
-        raise ValueError("concurrency and n_requests must be at least 1")
-    words = _as_words(prompt_words)
+    time_cap_s: float,
+    drain_s: float,
+) -> Span:
     limits = httpx.Limits(
         max_connections=max(100, concurrency),
         max_keepalive_connections=max(20, concurrency) if keepalive else 0,
@@ -262,9 +253,65 @@ async def measure_level(
                 client, base_url, model, prompt_of(words[i % len(words)]), max_tokens=max_tokens, api_key=api_key
             )
 
+        cpu0, t0 = time.process_time(), time.perf_counter()
         results, wall, cut = await _closed_loop(concurrency, n_requests, one, time_cap_s, drain_s)
-    out = summarize(results, concurrency=concurrency, planned=n_requests, wall_s=wall, cut_off=cut)
-    out["short_replies"] = sum(1 for r in results if r.ok and r.tokens < max_tokens)
+    return Span(results, t0, t0 + wall, cut, time.process_time() - cpu0)
+
+
+def direct_span(job: dict[str, Any]) -> Span:
+    """One client process's share of a level (module level: a spawned process imports it)."""
+    return asyncio.run(_direct_span(**job))
+
+
+async def measure_level(
+    base_url: str,
+    model: str,
+    concurrency: int,
+    n_requests: int,
+    *,
+    max_tokens: int,
+    prompt_words: int | Sequence[int],
+    api_key: str | None,
+    keepalive: bool,
+    time_cap_s: float = LEVEL_TIME_CAP_S,
+    drain_s: float = DRAIN_S,
+    processes: int | None = None,
+) -> dict[str, Any]:
+    """One level straight to vLLM: ``n_requests`` streamed chats, ``concurrency`` at a time.
+
+    Request i gets a fresh prompt of ``prompt_words[i % len]`` words and exactly ``max_tokens``
+    reply tokens (``ignore_eos``). ``keepalive`` False: a new connection per request
+    (``max_keepalive_connections=0``, as the chat page does by default); True: pooled
+    connections, the pool sized so it never queues a request. ``processes``: client processes
+    that share the load (default: ``loadgen.client_processes``, 1 on small machines).
+    """
+    if concurrency < 1 or n_requests < 1:
+        raise ValueError("concurrency and n_requests must be at least 1")
+    job: dict[str, Any] = {
+        "base_url": base_url,
+        "model": model,
+        "max_tokens": max_tokens,
+        "words": _as_words(prompt_words),
+        "api_key": api_key,
+        "keepalive": keepalive,
+        "time_cap_s": time_cap_s,
+        "drain_s": drain_s,
+    }
+    procs = min(processes or client_processes(concurrency), concurrency, n_requests)
+    if procs <= 1:
+        span = await _direct_span(concurrency=concurrency, n_requests=n_requests, **job)
+    else:
+        jobs = [
+            {**job, "concurrency": c, "n_requests": n}
+            for c, n in zip(split(concurrency, procs), split(n_requests, procs), strict=True)
+        ]
+        span = merge(await asyncio.to_thread(fan_out, direct_span, jobs, time_cap_s + drain_s))
+    out = summarize(
+        span.results, concurrency=concurrency, planned=n_requests, wall_s=span.end - span.start, cut_off=span.cut_off
+    )
+    out["short_replies"] = sum(1 for r in span.results if r.ok and r.tokens < max_tokens)
+    out["client_processes"] = procs
+    out["client_busy"] = round(span.busy, 3)
     return out
 
 
@@ -352,6 +399,7 @@ def bench_engine(
     page_keepalive: bool = False,
     time_cap_s: float = LEVEL_TIME_CAP_S,
     device: str = "cuda",
+    client_processes: int | None = None,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Every level on every path; the report that ``bench.json`` holds (without files).
@@ -403,6 +451,7 @@ def bench_engine(
                         api_key=api_key,
                         keepalive=bool(ka),
                         time_cap_s=time_cap_s,
+                        processes=client_processes,
                     )
                 )
             else:
@@ -451,10 +500,20 @@ def page_added_ttft(results: Sequence[dict[str, Any]], page_keepalive: bool = Fa
     return added
 
 
+CLIENT_BUSY_WARN = 0.8
+"""A client process on the CPU this share of the time may be what limits tokens/s."""
+
+
+def client_note(row: dict[str, Any]) -> str:
+    """' (client busy 91 %: a floor)' when the load generator may have been the limit, else ''."""
+    busy = row.get("client_busy") or 0.0
+    return f" (client busy {busy:.0%}: a floor)" if busy >= CLIENT_BUSY_WARN else ""
+
+
 def _brief(row: dict[str, Any]) -> str:
     ttft = row["ttft_p50_ms"]
     return (
-        f"TTFT p50 {ttft:.0f} ms, {row['output_tokens_per_s']:.0f} tok/s, {row['errors']} errors"
+        f"TTFT p50 {ttft:.0f} ms, {row['output_tokens_per_s']:.0f} tok/s, {row['errors']} errors{client_note(row)}"
         if ttft is not None
         else f"no successful request; {row['errors']} errors {row['error_samples'][:1]}"
     )
@@ -617,6 +676,7 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
             page_keepalive=settings.app.keepalive,
             time_cap_s=args.time_cap_s,
             device=plan.get("device", "cuda"),
+            client_processes=args.client_processes,
         )
     except ValueError as err:
         fail(str(err))
@@ -641,6 +701,25 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     return 1 if errors else 0
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number, at least 1")
+    return n
+
+
+def add_client_processes_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--client-processes",
+        type=_at_least_one,
+        metavar="N",
+        help="load-generating processes per level (default: one per 8 streams, at most a quarter of the cores)",
+    )
+
+
 def this_machine() -> str:
     try:
         from config.hardware import detect
@@ -661,6 +740,7 @@ def register(sub: argparse._SubParsersAction, add_plan_options: Callable[[argpar
     p.add_argument("--page", metavar="URL", help="also drive the Chainlit page at URL (e.g. http://127.0.0.1:8080)")
     p.add_argument("--keepalive", choices=sorted(KEEPALIVE_VARIANTS), default="on", help="direct client keep-alive")
     p.add_argument("--time-cap-s", type=float, default=LEVEL_TIME_CAP_S, help="no new request after this, per level")
+    add_client_processes_option(p)
     p.add_argument("--out", help="output directory (default bench-results/<timestamp>)")
     p.add_argument("--label", default="", help="free text stored with the results")
     p.set_defaults(handler=cmd_bench)

@@ -279,11 +279,16 @@ def test_page_shows_live_plan_and_socket_settings(chainlit_app: ChatPage, engine
     assert '"pingInterval":10000' in open_packet and '"pingTimeout":10000' in open_packet, open_packet
 
 
+LONG_REPLY = 50_000
+"""Reply tokens for the Stop test: tens of seconds even at the demo engine's speed."""
+
+
 def test_stop_aborts_the_request_on_the_engine(chainlit_app: ChatPage, engine: Engine) -> None:
     async def run() -> None:
         async with ChatClient(chainlit_app.url) as tab:
-            # greedy decoding on the demo weights runs to max_tokens: a reply of many seconds
-            await tab.set_settings(temperature=0.0, max_tokens=4000)
+            # greedy decoding on the demo weights runs to max_tokens, and this engine makes over
+            # 1,000 tokens/s: only a reply this long is sure to outlast the page's Stop
+            await tab.set_settings(temperature=0.0, max_tokens=LONG_REPLY)
             before = await engine_counts(engine.base_url)
             mid = await tab.send("Tell me a very long story.")
             await tab.wait_for(lambda: (r := tab.reply_to(mid)) and tab.tokens.get(r["id"], 0) >= 5, 60)
@@ -298,7 +303,7 @@ def test_stop_aborts_the_request_on_the_engine(chainlit_app: ChatPage, engine: E
             assert now["finished"] == before["finished"], "the request ran to its end"
             await asyncio.sleep(1.0)
             later = await engine_counts(engine.base_url)
-            assert later["generated"] == now["generated"] < before["generated"] + 4000
+            assert later["generated"] == now["generated"] < before["generated"] + LONG_REPLY
             await tab.wait_for(lambda: mid in tab.finished, 10)
             reply = tab.reply_to(mid)
             assert reply and "stopped · TTFT" in reply["output"]

@@ -21,6 +21,7 @@ from conftest import ROOT, Engine, backend_env
 
 from backend.bench import (
     cap_levels,
+    direct_span,
     measure_level,
     measure_page_level,
     page_added_ttft,
@@ -29,6 +30,7 @@ from backend.bench import (
     tpot_s,
 )
 from backend.client import ChatResult
+from backend.loadgen import Span, client_processes, fan_out, merge, split
 from backend.tune import (
     candidate_estimate,
     compare_default,
@@ -133,35 +135,70 @@ def check_level(row: dict[str, Any], concurrency: int, n: int, max_tokens: int) 
     assert row["short_replies"] == 0
 
 
+async def level(engine: Engine, concurrency: int, n: int, **options: Any) -> dict[str, Any]:
+    """One bench level against the session's engine: 16-token replies to 12- and 80-word prompts."""
+    return await measure_level(
+        engine.base_url,
+        engine.served_name,
+        concurrency,
+        n,
+        max_tokens=16,
+        prompt_words=[12, 80],
+        api_key=None,
+        **{"keepalive": True, **options},
+    )
+
+
 def test_measure_level_at_concurrency_1_and_4(engine: Engine) -> None:
     async def both() -> tuple[dict[str, Any], dict[str, Any]]:
-        one = await measure_level(
-            engine.base_url,
-            engine.served_name,
-            1,
-            3,
-            max_tokens=16,
-            prompt_words=[12, 80],
-            api_key=None,
-            keepalive=True,
-        )
-        four = await measure_level(
-            engine.base_url,
-            engine.served_name,
-            4,
-            8,
-            max_tokens=16,
-            prompt_words=[12, 80],
-            api_key=None,
-            keepalive=False,
-        )
-        return one, four
+        return await level(engine, 1, 3), await level(engine, 4, 8, keepalive=False)
 
     one, four = asyncio.run(both())
     check_level(one, 1, 3, 16)
     check_level(four, 4, 8, 16)
     # Four at a time must get more tokens through per second than one at a time.
     assert four["output_tokens_per_s"] > one["output_tokens_per_s"]
+
+
+def test_measure_level_spread_over_two_client_processes(engine: Engine) -> None:
+    row = asyncio.run(level(engine, 4, 8, processes=2))
+    check_level(row, 4, 8, 16)
+    assert row["client_processes"] == 2
+    assert 0 < row["client_busy"] < 1.5, "CPU share of the busiest client process"
+
+
+def test_client_processes_grow_with_load_and_cores_not_on_small_machines() -> None:
+    assert client_processes(64, cpus=2) == 1, "CI's 2 cores belong to the engine"
+    assert client_processes(4, cpus=32) == 1, "four streams do not need a second process"
+    assert client_processes(32, cpus=16) == 4 and client_processes(32, cpus=32) == 4
+    assert client_processes(1024, cpus=128) == 8
+
+
+def test_split_and_merge_keep_every_request_and_the_whole_span() -> None:
+    assert split(16, 3) == [6, 5, 5] and sum(split(7, 4)) == 7 and split(2, 4) == [1, 1]
+    a = Span([ChatResult(tokens=3)], start=10.0, end=12.0, cut_off=1, cpu_s=1.0)
+    b = Span([ChatResult(tokens=4), ChatResult(tokens=5)], start=10.5, end=14.0, cut_off=0, cpu_s=3.15)
+    m = merge([a, b])
+    assert [r.tokens for r in m.results] == [3, 4, 5]
+    assert (m.start, m.end, m.cut_off) == (10.0, 14.0, 1)
+    assert m.busy == pytest.approx(0.9), "the busiest process's share (b: 3.15 s of 3.5 s)"
+
+
+def test_a_failing_client_process_is_reported_not_waited_for() -> None:
+    with pytest.raises(RuntimeError, match="1 of 2 client processes: TypeError"):
+        fan_out(direct_span, [{"bad": 1}, {**GOOD_JOB, "concurrency": 1, "n_requests": 1}], timeout_s=30)
+
+
+GOOD_JOB: dict[str, Any] = {
+    "base_url": "http://127.0.0.1:9/v1",  # nothing listens: the request fails fast, the process does not
+    "model": "m",
+    "max_tokens": 1,
+    "words": [1],
+    "api_key": None,
+    "keepalive": False,
+    "time_cap_s": 5.0,
+    "drain_s": 1.0,
+}
 
 
 def test_measure_level_counts_failures_as_errors(engine: Engine) -> None:
@@ -472,3 +509,25 @@ def test_a_profile_for_another_objective_or_an_invalid_one_is_not_used(
     planned = plan_for(settings)
     assert planned.plan.tensor_parallel_size == 1
     assert any("not used" in n and "no GPU" in n for n in planned.notes), planned.notes
+
+
+# -- tune, for real ------------------------------------------------------------------------------
+def test_tune_on_this_machine_measures_the_default_and_saves_its_profile(engine: Engine, tmp_path: Path) -> None:
+    """The whole command once: one candidate is one more engine start (about a minute here)."""
+    out = tmp_path / "tune"
+    argv = [sys.executable, "-m", "backend", "tune", "--model", "demo", "--max-candidates", "1"]
+    argv += ["--concurrency", "2", "--requests", "4", "--max-tokens", "8", "--out", str(out)]
+    done = subprocess.run(argv, cwd=ROOT, env=backend_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "1/1 default" in done.stdout and "best: default" in done.stdout
+    report = json.loads((out / "tune.json").read_text())
+    assert report["partial"] is False and report["best"] == "default"
+    measured = report["measured"][0]
+    assert measured["ok"] and measured["startup_s"] > 0
+    assert (measured["target"]["ok"], measured["target"]["errors"], measured["single"]["ok"]) == (4, 0, 4)
+    assert measured["target"]["client_processes"] == 1, "two cores: the engine needs them more than the client"
+    assert report["default_vs_best"]["default_within_5pct"] is True
+    profile = Path(report["profile"])
+    assert profile.parent == tmp_path / "tuned" and json.loads(profile.read_text())["winner"] == "default"
+    if has_matplotlib():
+        assert (out / "tune.png").stat().st_size > 0

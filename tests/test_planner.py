@@ -199,11 +199,22 @@ def test_mixed_gpus_planned_to_smallest_or_odd_one_left_out() -> None:
     assert p.data_parallel_size == 2 and any("mixed GPUs" in w for w in p.warnings)
 
 
-def test_max_num_seqs_is_per_replica_not_per_gpu() -> None:
-    one = plan("1xH200", users=64)
-    two = plan("2xH200-nvlink", users=64)
-    assert two.max_num_seqs <= one.max_num_seqs  # each replica serves half the users
+def test_max_num_seqs_is_per_replica_and_each_replica_has_room_for_all_users() -> None:
+    one = plan("1xH200", users=8)
+    two = plan("2xH200-nvlink", users=8)
+    assert two.data_parallel_size == 2
+    # Not halved: vLLM's balancer leaves one replica over its share (measured on 2 x H200).
+    assert two.max_num_seqs == one.max_num_seqs == 32
     assert "per replica (not per GPU)" in two.reasons["max_num_seqs"]
+    assert "does not split them evenly" in two.reasons["max_num_seqs"]
+
+
+def test_big_gpus_take_larger_prefill_chunks_unless_latency_is_the_objective() -> None:
+    assert plan("1xH200").max_num_batched_tokens == 8192, "measured 7 % faster than 4096 on an H200"
+    assert "measured" in plan("1xH200").reasons["max_num_batched_tokens"]
+    assert plan("1xH200", objective="latency").max_num_batched_tokens == 4096
+    assert plan("1xL4").max_num_batched_tokens == 4096, "unmeasured on small GPUs: the cautious value"
+    assert plan("1xA100-80G").max_num_batched_tokens == 4096, "vLLM keeps A100 on the small default too"
 
 
 def test_objectives_differ_in_batching() -> None:
