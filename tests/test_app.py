@@ -51,7 +51,7 @@ def footer_of(reply: dict) -> tuple[int, int, float]:
 
 
 async def engine_counts(base_url: str) -> dict[str, float]:
-    async with httpx.AsyncClient(timeout=30) as http:  # a busy CPU engine can answer late
+    async with httpx.AsyncClient(timeout=5) as http:
         s = await fetch_metrics(http, base_url)
     return {
         "running": total(s, "vllm:num_requests_running"),
@@ -125,26 +125,6 @@ def test_fit_drops_oldest_turns_first_and_refuses_a_message_that_cannot_fit(tmp_
         asyncio.run(link.fit(target, history, "word " * 90, sampling))
     assert (refused.value.tokens, refused.value.limit) == (94, 80)
     assert "5 turns" in str(refused.value) and not refused.value.retry
-
-
-@pytest.mark.parametrize("interval_ms", [0.0, 60_000.0])
-def test_stream_joins_tokens_for_the_page_but_times_each(engine: Engine, tmp_path: Path, interval_ms: float) -> None:
-    link = chat.EngineLink(Settings(engine={"run_dir": tmp_path}, app={"stream_interval_ms": interval_ms}))
-    target = chat.Target(engine.base_url, engine.served_name, None, None)
-    sampling = chat.Sampling(temperature=0.0, top_p=1.0, max_tokens=40, system_prompt="")
-    sent: list[str] = []
-
-    async def on_token(text: str) -> None:
-        sent.append(text)
-
-    question = [{"role": "user", "content": f"Count to ten. [{uuid.uuid4().hex[:8]}]"}]
-    res = asyncio.run(link.stream(target, question, sampling, on_token))
-    assert "".join(sent) == res.text and res.tokens == 40
-    assert len(res.token_times) >= 20, "timing stays per delta whatever reaches the page"
-    if interval_ms == 0:
-        assert len(sent) == len(res.token_times), "one page message per delta"
-    else:
-        assert len(sent) == 2, "the first delta at once, the rest joined when the stream ends"
 
 
 def test_footer_and_fence() -> None:
@@ -299,36 +279,26 @@ def test_page_shows_live_plan_and_socket_settings(chainlit_app: ChatPage, engine
     assert '"pingInterval":10000' in open_packet and '"pingTimeout":10000' in open_packet, open_packet
 
 
-LONG_REPLY = 10_000
-"""Reply tokens for the Stop test: 8 s and more at any speed this demo engine reaches (up to
-~1,200 tokens/s with warm compile caches, a few hundred on a fresh machine). A Stop that did not
-abort shows as a finished request, however fast the engine; longer replies only make a failure
-here starve the tests after it."""
-STOP_WITHIN_S = 15.0
-"""The abort lands when the engine next writes to the closed stream: usually 0.2-0.5 s, but the
-CPU engine's API server stalls for seconds at times on long sequences."""
-
-
 def test_stop_aborts_the_request_on_the_engine(chainlit_app: ChatPage, engine: Engine) -> None:
     async def run() -> None:
         async with ChatClient(chainlit_app.url) as tab:
-            # greedy decoding on the demo weights runs to max_tokens: Stop comes long before.
-            # No /metrics polling while it streams: that would only slow the engine's API server.
-            await tab.set_settings(temperature=0.0, max_tokens=LONG_REPLY)
+            # greedy decoding on the demo weights runs to max_tokens: a reply of many seconds
+            await tab.set_settings(temperature=0.0, max_tokens=4000)
             before = await engine_counts(engine.base_url)
             mid = await tab.send("Tell me a very long story.")
-            await tab.wait_for(lambda: bool((r := tab.reply_to(mid)) and r["output"]), 60)  # the first tokens
+            await tab.wait_for(lambda: (r := tab.reply_to(mid)) and tab.tokens.get(r["id"], 0) >= 5, 60)
+            assert (await engine_counts(engine.base_url))["running"] >= 1
             await tab.stop()
             t0 = time.monotonic()
             while (now := await engine_counts(engine.base_url))["running"] > 0:
-                assert time.monotonic() - t0 < STOP_WITHIN_S, "the engine still runs the stopped request"
+                assert time.monotonic() - t0 < 5, "the engine still runs the stopped request"
                 await asyncio.sleep(0.1)
             print(f"stop: engine idle {time.monotonic() - t0:.2f} s after Stop")
             # aborted, not finished: vLLM counts no finished request and stops generating
             assert now["finished"] == before["finished"], "the request ran to its end"
             await asyncio.sleep(1.0)
             later = await engine_counts(engine.base_url)
-            assert before["generated"] < later["generated"] == now["generated"] < before["generated"] + LONG_REPLY
+            assert later["generated"] == now["generated"] < before["generated"] + 4000
             await tab.wait_for(lambda: mid in tab.finished, 10)
             reply = tab.reply_to(mid)
             assert reply and "stopped · TTFT" in reply["output"]
