@@ -399,7 +399,7 @@ def bench_engine(
     page_keepalive: bool = False,
     time_cap_s: float = LEVEL_TIME_CAP_S,
     device: str = "cuda",
-    client_processes: int | None = None,
+    processes: int | None = None,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Every level on every path; the report that ``bench.json`` holds (without files).
@@ -451,7 +451,7 @@ def bench_engine(
                         api_key=api_key,
                         keepalive=bool(ka),
                         time_cap_s=time_cap_s,
-                        processes=client_processes,
+                        processes=processes,
                     )
                 )
             else:
@@ -676,7 +676,7 @@ def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
             page_keepalive=settings.app.keepalive,
             time_cap_s=args.time_cap_s,
             device=plan.get("device", "cuda"),
-            client_processes=args.client_processes,
+            processes=args.client_processes,
         )
     except ValueError as err:
         fail(str(err))

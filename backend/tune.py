@@ -190,7 +190,7 @@ def inert_changes(candidate: Candidate, concurrency: int, long_prompt_tokens: in
     one may get all the requests (vLLM's balancer is uneven: on 2 x H200 at 32 concurrent, 16
     per replica queued), so each is assumed to see the whole load.
     """
-    per_replica = concurrency
+    per_replica = concurrency  # not concurrency / replicas: see above
     seqs_base = candidate.base.get("max_num_seqs", candidate.plan.max_num_seqs)
     batch_base = candidate.base.get("max_num_batched_tokens", candidate.plan.max_num_batched_tokens)
     idle: list[str] = []
@@ -485,8 +485,8 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
     skipped: list[str] = []
     spent: list[float] = []
 
-    def write_report(partial: bool) -> dict[str, Any]:
-        """tune.json as measured so far ('partial': true until the last candidate is done)."""
+    def write_report(partial: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """tune.json as measured so far ('partial': true until the end); the report and the best."""
         best, why = select_best(measured, args.objective_ms)
         report: dict[str, Any] = {
             "started_at": started.isoformat(timespec="seconds"),
@@ -513,7 +513,7 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
             "default_vs_best": compare_default(measured, best, args.objective_ms),
         }
         (out / "tune.json").write_text(json.dumps(report, indent=2))
-        return {**report, "_best": best}
+        return report, best
 
     for i, cand in enumerate(chosen, 1):
         elapsed = time.monotonic() - t0
@@ -544,11 +544,11 @@ def cmd_tune(args: argparse.Namespace, settings: Settings) -> int:
             )
         else:
             print(f"failed after {record['wall_s']:.0f} s: {record['error']}", flush=True)
-        write_report(partial=i < len(chosen))  # a run cut short still leaves what it measured
+        if i < len(chosen):
+            write_report(partial=True)  # a run cut short still leaves what it measured
 
-    report = write_report(partial=False)
-    best, why, cmp = report["_best"], report["why"], report["default_vs_best"]
-    del report["_best"]
+    report, best = write_report(partial=False)
+    why, cmp = report["why"], report["default_vs_best"]
     print()
     if best is None:
         print(f"no result: {why}")
