@@ -74,7 +74,8 @@ def tpot_s(res: ChatResult) -> float | None:
 def summarize(
     results: Sequence[ChatResult], *, concurrency: int, planned: int, wall_s: float, cut_off: int = 0
 ) -> dict[str, Any]:
-    """One level's numbers: TTFT, ITL, TPOT, end-to-end at p50/p99, tokens/s, requests/s, errors."""
+    """One level's numbers: TTFT, ITL, TPOT, end-to-end at p50/p99, the longest stall between
+    tokens (a seconds-long gap hides under p99 in a long reply), tokens/s, requests/s, errors."""
     ok = [r for r in results if r.ok]
     failed = [r for r in results if not r.ok]
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
@@ -99,6 +100,7 @@ def summarize(
     for name, values in (("ttft", ttft), ("itl", itl), ("tpot", tpot), ("e2e", e2e)):
         out[f"{name}_p50_ms"] = _ms(percentile(values, 50))
         out[f"{name}_p99_ms"] = _ms(percentile(values, 99))
+    out["itl_max_ms"] = _ms(max(itl) if itl else None)
     return out
 
 
@@ -526,7 +528,7 @@ def _f(v: float | None, scale: float = 1.0, digits: int = 0) -> str:
 
 def table(report: dict[str, Any]) -> str:
     head = (
-        f"{'path':22} {'conc':>4} {'ok':>4} {'err':>3}  {'TTFT p50/p99 ms':>16}  {'ITL p50/p99 ms':>15}  "
+        f"{'path':22} {'conc':>4} {'ok':>4} {'err':>3}  {'TTFT p50/p99 ms':>16}  {'ITL p50/p99/max ms':>22}  "
         f"{'TPOT p50/p99 ms':>15}  {'E2E p50/p99 s':>14}  {'tok/s':>8} {'req/s':>6}"
     )
     lines = [head, "-" * len(head)]
@@ -534,7 +536,7 @@ def table(report: dict[str, Any]) -> str:
         lines.append(
             f"{r['variant']:22} {r['concurrency']:>4} {r['ok']:>4} {r['errors']:>3}  "
             f"{_f(r['ttft_p50_ms']) + ' / ' + _f(r['ttft_p99_ms']):>16}  "
-            f"{_f(r['itl_p50_ms'], digits=1) + ' / ' + _f(r['itl_p99_ms'], digits=1):>15}  "
+            f"{' / '.join(_f(r.get(k), digits=1) for k in ('itl_p50_ms', 'itl_p99_ms', 'itl_max_ms')):>22}  "
             f"{_f(r['tpot_p50_ms'], digits=1) + ' / ' + _f(r['tpot_p99_ms'], digits=1):>15}  "
             f"{_f(r['e2e_p50_ms'], 0.001, 2) + ' / ' + _f(r['e2e_p99_ms'], 0.001, 2):>14}  "
             f"{r['output_tokens_per_s']:>8.1f} {r['requests_per_s']:>6.2f}"

@@ -94,6 +94,23 @@ class EngineProcess:
     def tail(self, n: int = 8) -> str:
         return log_tail(self.log_path, n)
 
+    def lower_priority(self, name_prefix: str, nice: int) -> list[int]:
+        """Renice every thread of this engine's processes whose name starts with ``name_prefix``
+        (Linux nice is per thread; threads started later inherit it). Returns their pids."""
+        if not self.proc:
+            return []
+        found = []
+        for pid in group_processes(self.proc.pid):
+            try:
+                if not Path(f"/proc/{pid}/comm").read_text().startswith(name_prefix):
+                    continue
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # it exited meanwhile
+            found.append(pid)
+        return found
+
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM to the whole group, then SIGKILL what is left after the grace period."""
         if not self.proc:
@@ -110,6 +127,19 @@ class EngineProcess:
                     return
                 time.sleep(0.2)
         self.proc.poll()
+
+
+def group_processes(pgid: int) -> list[int]:
+    """Pids in process group ``pgid`` (Linux /proc; empty elsewhere)."""
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if int(fields[2]) == pgid:  # after the name: state, ppid, pgrp
+            pids.append(int(entry.parent.name))
+    return sorted(pids)
 
 
 def _group_alive(pgid: int) -> bool:

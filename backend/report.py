@@ -21,6 +21,7 @@ SHOWN = (
     "cpu_kv_cache_space_gib",
     "api_server_count",
     "async_scheduling",
+    "engine_core_nice",
 )
 
 

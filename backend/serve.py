@@ -31,6 +31,8 @@ from config.pipeline import Planned, plan_for
 from config.plan import Plan
 from config.settings import Settings
 
+ENGINE_CORE_TITLE = "VLLM::EngineCor"  # vLLM's process title "VLLM::EngineCore…", as Linux keeps 15 chars
+
 DEMO_BANNER = (
     "!" * 78 + "\n"
     "!!  DEMO MODEL: random weights. Answers are noise. {why}\n"
@@ -159,6 +161,7 @@ class Server:
         if not self._wait_healthy():
             return False
         to_health = time.monotonic() - launch
+        self._lower_engine_core(plan)
         warm_t0 = time.monotonic()
         if not self._warm_up():
             return False
@@ -171,6 +174,21 @@ class Server:
         self.update("ready", f"ready: {plan.summary()}", 1.0)
         self.display.done()
         return True
+
+    def _lower_engine_core(self, plan: Plan) -> None:
+        """Apply the plan's engine_core_nice; once healthy, the worker exists and keeps its priority."""
+        if not plan.engine_core_nice or self.engine is None:
+            return
+        pids = self.engine.lower_priority(ENGINE_CORE_TITLE, plan.engine_core_nice)
+        if pids:
+            self.say(f"engine core (pid {', '.join(map(str, pids))}) at nice {plan.engine_core_nice}")
+        else:
+            note = (
+                f"no '{ENGINE_CORE_TITLE}' process found to lower to nice {plan.engine_core_nice}; "
+                "replies may stall on few cores"
+            )
+            self.status.notes.append(note)
+            self.say(f"note: {note}")
 
     def _wait_healthy(self) -> bool:
         assert self.engine is not None and self.planned is not None

@@ -95,6 +95,8 @@ class Plan(BaseModel):
     dtype: DType
     api_server_count: int = Field(default=1, ge=1)
     async_scheduling: bool = False
+    engine_core_nice: int = Field(default=0, ge=0, le=19)
+    """Niceness given to vLLM's engine-core (scheduler) process once it is up; 0 leaves it alone."""
     environment: dict[str, str] = Field(default_factory=dict)
     memory: Memory
     reasons: dict[str, str] = Field(default_factory=dict)
@@ -138,4 +140,5 @@ PINNABLE = (
     "dtype",
     "api_server_count",
     "async_scheduling",
+    "engine_core_nice",
 )

@@ -99,6 +99,7 @@ def test_summarize_computes_tpot_throughput_and_counts_errors() -> None:
     assert row["ttft_p99_ms"] == pytest.approx(298.0)
     assert row["e2e_p99_ms"] >= row["e2e_p50_ms"]
     assert row["itl_p50_ms"] == pytest.approx(150.0)
+    assert row["itl_max_ms"] == pytest.approx(200.0)  # the slower reply's gaps
     assert row["output_tokens_per_s"] == pytest.approx(22 / 2.5)
     assert row["requests_per_s"] == pytest.approx(2 / 2.5)
 
@@ -130,6 +131,7 @@ def check_level(row: dict[str, Any], concurrency: int, n: int, max_tokens: int) 
     assert row["ttft_p99_ms"] >= row["ttft_p50_ms"]
     assert row["e2e_p99_ms"] >= row["e2e_p50_ms"] >= row["ttft_p50_ms"]
     assert row["tpot_p99_ms"] >= row["tpot_p50_ms"] > 0
+    assert row["itl_max_ms"] >= row["itl_p99_ms"] >= row["itl_p50_ms"]
     assert row["output_tokens_per_s"] > 0 and row["requests_per_s"] > 0
     assert row["tokens_per_request_mean"] == max_tokens, "ignore_eos: every reply has max_tokens tokens"
     assert row["short_replies"] == 0

@@ -7,6 +7,7 @@ One engine per test session (``engine`` fixture); tests that kill or stop it are
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -21,8 +22,10 @@ import pytest
 from conftest import ROOT, BackendProcess, Engine, backend_env, free_port
 
 from backend.client import chat
+from backend.engine import group_processes
 from backend.logwatch import FATALS, LogState
 from backend.metrics import fetch_metrics, total
+from backend.serve import ENGINE_CORE_TITLE
 from backend.status import read_status
 
 
@@ -73,6 +76,22 @@ def test_warmup_record_has_first_against_steady_ttft(engine: Engine) -> None:
     assert record["requests"] >= 10 and record["replicas_warmed"] == ["0"]
     assert set(record["by_shape"]) >= {"first", "short", "medium", "long", "concurrent", "steady"}
     assert record["prompt_tokens"]["long"] > record["prompt_tokens"]["medium"] > record["prompt_tokens"]["short"]
+
+
+def test_engine_core_runs_at_low_priority_and_the_rest_at_normal(engine: Engine) -> None:
+    """The CPU plan's engine_core_nice reaches every thread of vLLM's engine core, and nothing else."""
+    status = read_status(engine.run_dir)
+    assert status is not None and status.engine_pid
+    nice: dict[str, set[int]] = {}
+    for pid in group_processes(status.engine_pid):  # vLLM's own process group
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                nice.setdefault(name, set()).add(os.getpriority(os.PRIO_PROCESS, int(task.name)))
+    core = {n: v for n, v in nice.items() if n.startswith(ENGINE_CORE_TITLE)}
+    assert core and all(v == {19} for v in core.values()), nice
+    assert nice.get("VLLM::Worker") == {0}, nice  # the worker computes at full speed
+    assert any(line.startswith("engine core (pid") and "nice 19" in line for line in engine.process.lines)
 
 
 def test_streamed_chat_completion_arrives(engine: Engine) -> None:

@@ -260,6 +260,17 @@ def test_cpu_plan_sizes_kv_space_and_refuses_gpu_pins() -> None:
         plan("cpu-only", pins={"tensor_parallel_size": 2})
 
 
+def test_cpu_plan_lowers_the_engine_core_and_gpu_plans_leave_it() -> None:
+    cpu = plan("cpu-only")
+    assert cpu.engine_core_nice == 19 and "busy-waits" in cpu.reasons["engine_core_nice"]
+    assert plan("1xH200").engine_core_nice == 0
+    assert plan("cpu-only", pins={"engine_core_nice": "0"}).engine_core_nice == 0
+    with pytest.raises(PlanError, match="engine_core_nice=25: Input should be less than or equal to 19"):
+        plan("cpu-only", pins={"engine_core_nice": "25"})
+    with pytest.raises(PlanError, match=r"gpu_memory_utilization=1\.5: Input should be less than or equal to 1"):
+        plan("1xH200", pins={"gpu_memory_utilization": "1.5"})
+
+
 @pytest.mark.skipif(not Path(ENGINE_PYTHON).exists(), reason="engine environment not installed")
 def test_plans_pass_vllms_own_config_checks(tmp_path: Path) -> None:
     """vLLM's ModelConfig/ParallelConfig/SchedulerConfig accept every plan we make."""
