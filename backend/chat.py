@@ -309,12 +309,25 @@ class EngineLink:
         result: ChatResult | None = None,
     ) -> ChatResult:
         """Stream one reply into ``on_token``. Times from sending to the first content delta;
-        tokens from the stream's usage. The response is always closed on the way out, also
-        when the task is cancelled (Stop), so vLLM sees the disconnect and aborts the request."""
+        tokens from the stream's usage. The first delta goes out at once, later ones joined at
+        most every ``app.stream_interval_ms`` (the page keeps up with any engine; timing stays
+        per delta). The response is always closed on the way out, also when the task is
+        cancelled (Stop), so vLLM sees the disconnect and aborts the request."""
         ai, _, timeouts = self.client(target)
         res = result if result is not None else ChatResult()
         t0 = time.perf_counter()
         deltas = 0
+        interval = self.settings.app.stream_interval_ms / 1000
+        pending: list[str] = []
+        flushed_at = -interval
+
+        async def flush(now: float) -> None:
+            nonlocal flushed_at
+            if pending:
+                text = "".join(pending)
+                pending.clear()
+                flushed_at = now
+                await on_token(text)
 
         def left() -> float:
             if res.ttft_s is None:
@@ -349,9 +362,12 @@ class EngineLink:
                             res.token_times.append(now)
                             res.text += piece
                             deltas += 1
-                            await on_token(piece)
+                            pending.append(piece)
+                            if now - flushed_at >= interval:
+                                await flush(now)
                         if choice.finish_reason:
                             res.finish_reason = choice.finish_reason
+                await flush(time.perf_counter() - t0)
         except TimeoutError:
             if res.ttft_s is None:
                 raise EngineTimeout(

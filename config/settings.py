@@ -86,6 +86,9 @@ class AppSettings(_Section):
     first_token_floor_s: float = Field(default=15.0, gt=0)
     token_timeout_s: float = Field(default=30.0, gt=0)
     """Longest silence allowed between two streamed tokens."""
+    stream_interval_ms: float = Field(default=30.0, ge=0)
+    """Tokens after the first go to the page at most this often, joined (0: one message per token).
+    A small model makes 600-1,200 tokens/s per reply; one socket message each floods the page."""
     keepalive: bool = False
     """HTTP keep-alive to the engine (off: a dead engine shows at once, no stale sockets)."""
     ping_interval_s: float = Field(default=10.0, gt=0)

@@ -127,6 +127,26 @@ def test_fit_drops_oldest_turns_first_and_refuses_a_message_that_cannot_fit(tmp_
     assert "5 turns" in str(refused.value) and not refused.value.retry
 
 
+@pytest.mark.parametrize("interval_ms", [0.0, 60_000.0])
+def test_stream_joins_tokens_for_the_page_but_times_each(engine: Engine, tmp_path: Path, interval_ms: float) -> None:
+    link = chat.EngineLink(Settings(engine={"run_dir": tmp_path}, app={"stream_interval_ms": interval_ms}))
+    target = chat.Target(engine.base_url, engine.served_name, None, None)
+    sampling = chat.Sampling(temperature=0.0, top_p=1.0, max_tokens=40, system_prompt="")
+    sent: list[str] = []
+
+    async def on_token(text: str) -> None:
+        sent.append(text)
+
+    question = [{"role": "user", "content": f"Count to ten. [{uuid.uuid4().hex[:8]}]"}]
+    res = asyncio.run(link.stream(target, question, sampling, on_token))
+    assert "".join(sent) == res.text and res.tokens == 40
+    assert len(res.token_times) >= 20, "timing stays per delta whatever reaches the page"
+    if interval_ms == 0:
+        assert len(sent) == len(res.token_times), "one page message per delta"
+    else:
+        assert len(sent) == 2, "the first delta at once, the rest joined when the stream ends"
+
+
 def test_footer_and_fence() -> None:
     result = ChatResult(text="x", ttft_s=0.1234, total_s=1.1234, tokens=11)
     assert chat.footer(result) == "TTFT 123 ms · 11 tokens · 10.0 tok/s"
