@@ -180,6 +180,26 @@ async def answer(text: str, reply_to: str) -> None:
         await reply.update()
 
 
+@cl.on_chat_end
+async def on_chat_end() -> None:
+    """The socket closed. Chainlit keeps the session (and a reply still streaming) for a
+    reconnect; if none comes within ``app.abandoned_reply_s``, stop the reply like Stop would."""
+    session = cl.context.session
+    task: asyncio.Task | None = getattr(session, "current_task", None)
+    if task is None or task.done():
+        return
+    gone_sid = session.socket_id
+
+    async def stop_if_still_gone() -> None:
+        await asyncio.sleep(settings.app.abandoned_reply_s)
+        if session.socket_id == gone_sid and not task.done():  # a reconnect moves the session to a new sid
+            task.cancel()
+
+    watcher = asyncio.create_task(stop_if_still_gone())
+    _background.add(watcher)
+    watcher.add_done_callback(_background.discard)
+
+
 @cl.on_message
 async def on_message(message: cl.Message) -> None:
     await answer(message.content, message.id)

@@ -93,6 +93,9 @@ class AppSettings(_Section):
     """HTTP keep-alive to the engine (off: a dead engine shows at once, no stale sockets)."""
     ping_interval_s: float = Field(default=10.0, gt=0)
     ping_timeout_s: float = Field(default=10.0, gt=0)
+    abandoned_reply_s: float = Field(default=15.0, ge=0)
+    """A reply whose tab went away (socket closed, no reconnect within this time) is stopped on the
+    engine; a reconnect in time keeps it streaming. Chainlit itself lets it run to max_tokens."""
     temperature: float = Field(default=0.7, ge=0, le=2)
     top_p: float = Field(default=0.95, gt=0, le=1)
     max_tokens: int = Field(default=512, ge=1)

@@ -41,9 +41,10 @@ EVENTS = (
 class ChatClient:
     """One browser tab: its own session id, the steps it was shown, the actions it holds."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, session_id: str | None = None) -> None:
+        """``session_id`` of an earlier tab: this one reconnects to that session, as a browser does."""
         self.url = url.rstrip("/")
-        self.session_id = str(uuid.uuid4())
+        self.session_id = session_id or str(uuid.uuid4())
         self.sio = socketio.AsyncClient(reconnection=False)
         self.steps: dict[str, dict[str, Any]] = {}
         """Messages by id, as the page would show them (stream tokens applied)."""

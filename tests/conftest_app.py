@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ROOT, Engine, backend_env, free_port
+from conftest import ABANDONED_REPLY_S, ROOT, Engine, backend_env, free_port
 
 from backend.engine import log_tail
 
@@ -56,7 +56,9 @@ def start_page(run_dir: Path, log_path: Path, **env: str) -> ChatPage:
     """Start app.py on a free port, reading the engine's status from ``run_dir``; wait for HTTP 200."""
     port = free_port()
     argv = [sys.executable, "-m", "chainlit", "run", "app.py", "--headless", "--host", "127.0.0.1", "--port", str(port)]
-    page_env = backend_env(run_dir, ERNIECHAT_APP__MAX_TOKENS="32", **env)
+    page_env = backend_env(
+        run_dir, ERNIECHAT_APP__MAX_TOKENS="32", ERNIECHAT_APP__ABANDONED_REPLY_S=str(ABANDONED_REPLY_S), **env
+    )
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             argv,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 from app_client import ChatClient
-from conftest import BackendProcess, Engine, backend_env, free_port
+from conftest import ABANDONED_REPLY_S, BackendProcess, Engine, backend_env, free_port
 
 from backend import chat
 from backend.client import ChatResult
@@ -299,14 +299,20 @@ def test_page_shows_live_plan_and_socket_settings(chainlit_app: ChatPage, engine
     assert '"pingInterval":10000' in open_packet and '"pingTimeout":10000' in open_packet, open_packet
 
 
+async def long_reply_streaming(tab: ChatClient, engine: Engine) -> tuple[str, dict[str, float]]:
+    """Ask for a 4,000-token reply (greedy on the demo weights: it runs to the end) and return
+    once the page shows it streaming; with the engine's counters from before."""
+    await tab.set_settings(temperature=0.0, max_tokens=4000)
+    before = await engine_counts(engine.base_url)
+    mid = await tab.send(f"Tell me a very long story. [{uuid.uuid4().hex[:8]}]")
+    await tab.wait_for(lambda: (r := tab.reply_to(mid)) and tab.tokens.get(r["id"], 0) >= 5, 60)
+    return mid, before
+
+
 def test_stop_aborts_the_request_on_the_engine(chainlit_app: ChatPage, engine: Engine) -> None:
     async def run() -> None:
         async with ChatClient(chainlit_app.url) as tab:
-            # greedy decoding on the demo weights runs to max_tokens: a reply of many seconds
-            await tab.set_settings(temperature=0.0, max_tokens=4000)
-            before = await engine_counts(engine.base_url)
-            mid = await tab.send("Tell me a very long story.")
-            await tab.wait_for(lambda: (r := tab.reply_to(mid)) and tab.tokens.get(r["id"], 0) >= 5, 60)
+            mid, before = await long_reply_streaming(tab, engine)
             assert (await engine_counts(engine.base_url))["running"] >= 1
             await tab.stop()
             t0 = time.monotonic()
@@ -326,6 +332,43 @@ def test_stop_aborts_the_request_on_the_engine(chainlit_app: ChatPage, engine: E
             # the tab is usable again at once
             await tab.set_settings(temperature=0.7, max_tokens=32)
             assert footer_of(await tab.ask("And now a short one."))[1] > 0
+
+    asyncio.run(run())
+
+
+def test_a_closed_tab_stops_its_reply_on_the_engine_after_the_grace(chainlit_app: ChatPage, engine: Engine) -> None:
+    async def run() -> None:
+        tab = await ChatClient(chainlit_app.url).connect()
+        _, before = await long_reply_streaming(tab, engine)
+        await tab.close()
+        t0 = time.monotonic()
+        assert (await engine_counts(engine.base_url))["running"] >= 1, "kept for a reconnect at first"
+        while (now := await engine_counts(engine.base_url))["running"] > 0:
+            assert time.monotonic() - t0 < ABANDONED_REPLY_S + 5, "the closed tab's reply still runs"
+            await asyncio.sleep(0.1)
+        print(f"closed tab: engine idle {time.monotonic() - t0:.2f} s after the socket closed")
+        assert now["finished"] == before["finished"], "the reply ran to its end"
+        assert now["generated"] < before["generated"] + 4000
+
+    asyncio.run(run())
+
+
+def test_a_tab_that_reconnects_in_time_keeps_its_reply(chainlit_app: ChatPage, engine: Engine) -> None:
+    async def run() -> None:
+        tab = await ChatClient(chainlit_app.url).connect()
+        mid, before = await long_reply_streaming(tab, engine)
+        reply_id = tab.reply_to(mid)["id"]  # type: ignore[index]
+        await tab.close()
+        again = await ChatClient(chainlit_app.url, session_id=tab.session_id).connect(wait_start=False)
+        try:
+            await asyncio.sleep(ABANDONED_REPLY_S + 0.5)
+            assert (await engine_counts(engine.base_url))["running"] >= 1, "the reply must outlast the grace"
+            await again.wait_for(lambda: "TTFT" in again.steps.get(reply_id, {}).get("output", ""), 120)
+            assert "stopped" not in again.steps[reply_id]["output"]
+            after = await engine_counts(engine.base_url)
+            assert after["finished"] == before["finished"] + 1, "the reconnected tab's reply was cut"
+        finally:
+            await again.close()
 
     asyncio.run(run())
 
