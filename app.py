@@ -183,7 +183,8 @@ async def answer(text: str, reply_to: str) -> None:
 @cl.on_chat_end
 async def on_chat_end() -> None:
     """The socket closed. Chainlit keeps the session (and a reply still streaming) for a
-    reconnect; if none comes within ``app.abandoned_reply_s``, stop the reply like Stop would."""
+    reconnect; if none comes within ``app.abandoned_reply_s``, stop the reply like Stop would.
+    "New chat" clears the session first: nothing will reconnect to it, so stop at once."""
     session = cl.context.session
     task: asyncio.Task | None = getattr(session, "current_task", None)
     if task is None or task.done():
@@ -191,9 +192,13 @@ async def on_chat_end() -> None:
     gone_sid = session.socket_id
 
     async def stop_if_still_gone() -> None:
-        await asyncio.sleep(settings.app.abandoned_reply_s)
-        if session.socket_id == gone_sid and not task.done():  # a reconnect moves the session to a new sid
-            task.cancel()
+        # "clear_session" and the disconnect are handled as separate tasks: watch for either
+        deadline = asyncio.get_running_loop().time() + settings.app.abandoned_reply_s
+        while not task.done() and session.socket_id == gone_sid:  # a reconnect moves it to a new sid
+            if getattr(session, "to_clear", False) or asyncio.get_running_loop().time() >= deadline:
+                task.cancel()
+                return
+            await asyncio.sleep(0.2)
 
     watcher = asyncio.create_task(stop_if_still_gone())
     _background.add(watcher)
