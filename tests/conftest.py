@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENGINE_PYTHON = os.environ.get("ENGINE_PYTHON", str(ROOT / ".venv-engine" / "bin" / "python"))
 DEMO_DIR = Path(os.environ.get("ERNIECHAT_TEST_DEMO_DIR", ROOT / ".run" / "test-demo-model"))
 READY_TIMEOUT_S = 900
-ABANDONED_REPLY_S = 2.0
+ABANDONED_REPLY_S = 1.5
 """The test chat pages stop a closed tab's reply after this (the product default is 15 s)."""
 
 
