@@ -685,8 +685,8 @@ def _choose_frontend(draft: _Draft, hardware: Hardware, model: ModelSpec, worklo
     draft.set(
         "engine_core_nice",
         0,
-        f"engine core at normal priority: {cores} host cores leave room for its busy-wait (lowering it is "
-        "measured on CPU engines only; pin engine_core_nice=19 if replies stall on a host with few cores)",
+        f"engine core at normal priority on this {cores}-core GPU host: its busy-wait starved the API server "
+        "on a 2-core CPU engine, unmeasured on GPU hosts; pin engine_core_nice=19 if replies arrive in bursts",
     )
 
 
