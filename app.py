@@ -193,9 +193,10 @@ async def on_chat_end() -> None:
 
     async def stop_if_still_gone() -> None:
         # "clear_session" and the disconnect are handled as separate tasks: watch for either
-        deadline = asyncio.get_running_loop().time() + settings.app.abandoned_reply_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settings.app.abandoned_reply_s
         while not task.done() and session.socket_id == gone_sid:  # a reconnect moves it to a new sid
-            if getattr(session, "to_clear", False) or asyncio.get_running_loop().time() >= deadline:
+            if getattr(session, "to_clear", False) or loop.time() >= deadline:
                 task.cancel()
                 return
             await asyncio.sleep(0.2)
