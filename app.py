@@ -25,9 +25,9 @@ from chainlit.config import config as chainlit_config
 from chainlit.input_widget import Slider, TextInput
 from chainlit.server import sio
 
-from backend import chat
-from backend.client import ChatResult
-from backend.status import EngineStatus
+from backend.engine_api import ChatResult
+from backend.page import link as chat
+from backend.runtime.status import EngineStatus
 from config.settings import ROOT, load_settings
 
 settings = load_settings()

@@ -2,6 +2,6 @@
 
 import sys
 
-from backend.cli import main
+from backend.cli.main import main
 
 sys.exit(main())

@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from config.errors import HardwareError
+
 GIB = 1024**3
 
 LinkKind = Literal["pcie", "nvlink"]
@@ -95,10 +97,6 @@ class Hardware(BaseModel):
     def link_of(self, indexes: list[int] | tuple[int, ...]) -> LinkKind:
         """The slowest link among a group of GPUs on one node."""
         return "nvlink" if self.node.all_nvlinked(indexes) else "pcie"
-
-
-class HardwareError(ValueError):
-    """A profile that cannot be read, or detection that failed; the message names the fix."""
 
 
 # --------------------------------------------------------------------------- detection

@@ -23,6 +23,8 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from config.errors import ModelReadError
+
 Dtype = Literal["bfloat16", "float16", "float32"]
 
 _DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -81,10 +83,6 @@ _CONTEXT_KEYS = (
     "max_seq_len",
     "seq_len",
 )
-
-
-class ModelReadError(ValueError):
-    """The model's shape cannot be read; the one-line message names the model and the fix."""
 
 
 class ModelSpec(BaseModel):

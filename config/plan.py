@@ -126,18 +126,19 @@ class Plan(BaseModel):
         return data
 
 
-# Values a user may fix with ``--set key=value``; everything else is derived.
+# Values a user may fix with ``--set key=value``; everything else is derived. Also the order
+# in which ``plan`` prints them (parallel sizes, then shapes and limits, then the front end).
 PINNABLE = (
     "tensor_parallel_size",
     "pipeline_parallel_size",
     "data_parallel_size",
     "distributed_executor_backend",
+    "dtype",
+    "max_model_len",
     "max_num_seqs",
     "max_num_batched_tokens",
     "gpu_memory_utilization",
     "cpu_kv_cache_space_gib",
-    "max_model_len",
-    "dtype",
     "api_server_count",
     "async_scheduling",
     "engine_core_nice",

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from config.errors import PlanError
 from config.hardware import GPUInfo, Hardware
 from config.model import ModelSpec
 from config.plan import GIB, PINNABLE, Memory, Plan
@@ -38,10 +39,6 @@ CPU_KV_SHARE = 0.4  # at most this share of RAM left after weights goes to the K
 MIN_CONTEXT = 256
 # vLLM refuses float16 for these model types (vllm/config/model.py, numerical instability).
 FLOAT16_UNSTABLE = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"})
-
-
-class PlanError(ValueError):
-    """No valid plan: the message names the rule and what would work instead."""
 
 
 @dataclass

@@ -9,7 +9,6 @@ Unknown keys and bad values are errors that name the key and what is allowed.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +19,8 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from config.errors import SettingsError
 
 ENV_PREFIX = "ERNIECHAT_"
 ENV_DELIMITER = "__"
@@ -132,10 +133,6 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, toml)
 
 
-class SettingsError(ValueError):
-    """A bad key or value in the file, the environment or a flag; one line, names the key."""
-
-
 def _toml_path() -> Path | None:
     explicit = os.environ.get(CONFIG_ENV)
     if explicit:
@@ -214,9 +211,3 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
             node = node.setdefault(part, {})
         node[leaf] = value
     return nested
-
-
-def fail(message: str) -> None:
-    """Bad input ends a command with exit status 2 and one line on stderr."""
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)

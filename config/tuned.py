@@ -19,16 +19,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from config.errors import TunedProfileError
 from config.plan import PINNABLE, Plan
 from config.planner import PlanError
 
 TUNED_DIR = "tuned"
 MAX_KEY_LEN = 120
 PINNED_BY_YOU = "pinned by you"
-
-
-class TunedProfileError(ValueError):
-    """A tuned profile file that cannot be read; the message names the file."""
 
 
 class TunedProfile(BaseModel):

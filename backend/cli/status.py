@@ -1,0 +1,45 @@
+"""``status``: starting | loading | warming | ready | failed | stopped, with detail and warm-up."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from backend.runtime.status import read_status
+from config.settings import Settings
+
+NAME = "status"
+HELP = "starting | loading | warming | ready | failed | stopped"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    status = read_status(settings.engine.run_dir)
+    if status is None:
+        if args.json:
+            print(json.dumps({"state": "stopped", "detail": "no engine has been started"}))
+        else:
+            print("stopped: no engine has been started from this directory")
+        return 3
+    if args.json:
+        print(status.model_dump_json(indent=2))
+    else:
+        age = time.time() - status.started_at
+        print(f"{status.state}: {status.detail} ({status.progress:.0%}, {age:.0f} s since start)")
+        if status.base_url:
+            print(
+                f"engine:  {status.base_url}  model {status.served_name}"
+                + ("  [DEMO: random weights]" if status.demo else "")
+            )
+        if status.plan_summary:
+            print(f"plan:    {status.plan_summary} on {status.hardware}")
+        if status.warmup and not status.warmup.get("disabled"):
+            w = status.warmup
+            print(f"warm-up: first TTFT {w['first_ttft_s'] * 1000:.0f} ms, steady {w['steady_ttft_s'] * 1000:.0f} ms")
+        if status.error:
+            print(f"error:   {status.error}")
+    return 0 if status.state == "ready" else 1

@@ -1,0 +1,44 @@
+"""``tune``: measure candidate plans on this hardware; the best becomes a tuned profile."""
+
+from __future__ import annotations
+
+import argparse
+
+from backend.cli.options import add_client_processes, add_engine_port, add_plan_options
+from backend.measure.tune.run import DEFAULT_BUDGET_S, DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_TOKENS, TuneOptions, run_tune
+from backend.runtime.process import unwind_on_signals
+from config.settings import Settings
+
+NAME = "tune"
+HELP = "measure candidate plans on this hardware; save the best as a tuned profile"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_plan_options(p)
+    p.add_argument("--objective-ms", type=float, help="p99 TTFT bound in ms (default: none, highest tokens/s)")
+    p.add_argument("--concurrency", type=int, help="target concurrent requests (default: --users)")
+    p.add_argument("--requests", type=int, help="requests at the target (default max(8, 2 x concurrency))")
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="reply tokens per request (fixed)")
+    add_client_processes(p)
+    p.add_argument("--max-candidates", type=int, default=DEFAULT_MAX_CANDIDATES, help="at most K, the default first")
+    p.add_argument("--time-budget-s", type=float, default=DEFAULT_BUDGET_S, help="stop starting candidates after")
+    add_engine_port(p, default="a free one")
+    p.add_argument("--out", help="output directory (default bench-results/tune-<timestamp>)")
+    p.add_argument("--dry-run", action="store_true", help="list the candidates and stop")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    unwind_on_signals()
+    options = TuneOptions(
+        objective_ms=args.objective_ms,
+        concurrency=args.concurrency,
+        requests=args.requests,
+        max_tokens=args.max_tokens,
+        client_processes=args.client_processes,
+        max_candidates=args.max_candidates,
+        time_budget_s=args.time_budget_s,
+        engine_port=args.engine_port,
+        out=args.out,
+        dry_run=args.dry_run,
+    )
+    return run_tune(settings, options)

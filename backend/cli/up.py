@@ -1,0 +1,26 @@
+"""``up``: serve, then the chat page once the engine is ready; one Ctrl-C stops all."""
+
+from __future__ import annotations
+
+import argparse
+
+from backend.cli.options import add_engine_port, add_plan_options
+from backend.runtime.process import unwind_on_signals
+from config.settings import Settings
+
+NAME = "up"
+HELP = "serve, then the chat page once the engine is ready; Ctrl-C stops all"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_plan_options(p)
+    p.add_argument("--page-port", "--port", dest="page_port", type=int, help="chat page port (default 8080)")
+    add_engine_port(p)
+    p.add_argument("--no-warmup", action="store_true", help="skip warm-up")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    from backend.runtime.up import run_up
+
+    unwind_on_signals()
+    return run_up(settings)

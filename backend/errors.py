@@ -1,0 +1,97 @@
+"""Errors of running, measuring and chatting, in the family of ``config.errors.ErniechatError``.
+
+Importing from here gives the whole hierarchy (config's errors are re-exported), as httpx's
+``_exceptions`` does: the command line catches :class:`ErniechatError` once.
+"""
+
+from __future__ import annotations
+
+from config.errors import (
+    ErniechatError,
+    HardwareError,
+    ModelReadError,
+    PlanError,
+    SettingsError,
+    TunedProfileError,
+)
+
+__all__ = [
+    "ChatError",
+    "EngineDown",
+    "EngineNotReady",
+    "EngineRefused",
+    "EngineStartError",
+    "EngineTimeout",
+    "ErniechatError",
+    "HardwareError",
+    "ModelReadError",
+    "PageError",
+    "PlanError",
+    "SettingsError",
+    "TooLong",
+    "TunedProfileError",
+    "UsageError",
+    "WarmupError",
+]
+
+
+class UsageError(ErniechatError, ValueError):
+    """A command's argument is out of range or malformed; the message names the flag."""
+
+
+class EngineStartError(ErniechatError, RuntimeError):
+    """The engine could not start; the message says why and what to do."""
+
+    exit_code = 1
+
+
+class WarmupError(ErniechatError, RuntimeError):
+    """A warm-up request failed: the engine is not fit to take users."""
+
+    exit_code = 1
+
+
+class EngineNotReady(ErniechatError, RuntimeError):
+    """A command needs a running, ready engine and the run directory has none."""
+
+
+class PageError(ErniechatError, RuntimeError):
+    """The chat page's socket refused, dropped or never answered a measuring client."""
+
+    exit_code = 1
+
+
+# -- the chat page: each one is a sentence the person at the page can act on ----------------
+class ChatError(ErniechatError):
+    """Shown in the chat as it is; ``retry`` says whether resending the message can help."""
+
+    retry = True
+    exit_code = 1
+
+
+class EngineDown(ChatError):
+    """The engine cannot be reached, or its status file says it has stopped or failed."""
+
+
+class EngineTimeout(ChatError):
+    """No first token, or a gap between tokens, within the allowed time."""
+
+
+class EngineRefused(ChatError):
+    """The engine answered with an HTTP error."""
+
+
+class TooLong(ChatError):
+    """The new message does not fit in the context window on its own; nothing was sent."""
+
+    retry = False
+
+    def __init__(self, tokens: int, limit: int, window: int, reply_budget: int, kept_turns: int) -> None:
+        self.tokens, self.limit = tokens, limit
+        super().__init__(
+            f"Your message is too long: it needs **{tokens:,} tokens** (with the system prompt), "
+            f"but at most **{limit:,}** fit — the model's context is {window:,} tokens and "
+            f"{reply_budget:,} are kept for the reply (Max tokens in the settings). "
+            f"It was **not sent**; shorten it or lower Max tokens. "
+            f"Your earlier conversation ({kept_turns} turn{'s' if kept_turns != 1 else ''}) is kept."
+        )

@@ -1,0 +1,113 @@
+"""Spread one load level over several client processes, so the client is never the bottleneck.
+
+One Python process parsing a server-sent event per token streams about 10,000 tokens/s;
+a 0.36 B model on one H200 serves more than that at 32 concurrent, so a single-process bench
+measures its own ceiling (on 2 x H200 every layout landed near 10,000 tok/s and the ranking
+flipped between runs). Here each process runs a share of the concurrency and of the requests;
+all start together (a barrier after their imports) and the parent merges what they measured.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from backend.engine_api import ChatResult
+
+STREAMS_PER_PROCESS = 8
+"""Fewer concurrent streams than this per process are not worth a process."""
+MAX_PROCESSES = 8
+START_TIMEOUT_S = 60.0
+"""Spawned processes import httpx and the project: seconds before the barrier gives up."""
+
+
+@dataclass
+class Span:
+    """What one client process measured: its results and when its load began and ended."""
+
+    results: list[ChatResult] = field(default_factory=list)
+    start: float = 0.0
+    """time.perf_counter() when the first request was sent (CLOCK_MONOTONIC: one clock for all processes)."""
+    end: float = 0.0
+    cut_off: int = 0
+    cpu_s: float = 0.0
+    """CPU seconds the process spent while measuring: near end - start means the client was the limit."""
+
+    @property
+    def busy(self) -> float:
+        """Share of the span the client process was on the CPU."""
+        wall = self.end - self.start
+        return self.cpu_s / wall if wall > 0 else 0.0
+
+
+def client_processes(concurrency: int, cpus: int | None = None) -> int:
+    """How many client processes a level gets: one per 8 streams, a quarter of the cores at most.
+
+    On a 2-core machine (CI) always 1: the engine needs those cores more than the client.
+    """
+    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+    return max(1, min(concurrency // STREAMS_PER_PROCESS, cpus // 4, MAX_PROCESSES))
+
+
+def split(total: int, parts: int) -> list[int]:
+    """``total`` in ``parts`` near-equal shares, larger first (16 in 3: 6, 5, 5)."""
+    parts = max(1, min(parts, total))
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def merge(spans: list[Span]) -> Span:
+    """One span over all processes: first start to last end, all results, the busiest share's CPU."""
+    busiest = max(spans, key=lambda s: s.busy)
+    start, end = min(s.start for s in spans), max(s.end for s in spans)
+    return Span(
+        results=[r for s in spans for r in s.results],
+        start=start,
+        end=end,
+        cut_off=sum(s.cut_off for s in spans),
+        cpu_s=busiest.busy * (end - start),
+    )
+
+
+def _child(fn: Callable[[dict[str, Any]], Span], job: dict[str, Any], barrier: Any, out: Any) -> None:
+    try:
+        barrier.wait(START_TIMEOUT_S)
+        out.put(fn(job))
+    except BaseException as err:  # the parent must hear of every failure, not wait for it
+        out.put(f"{type(err).__name__}: {err}")
+
+
+def fan_out(fn: Callable[[dict[str, Any]], Span], jobs: list[dict[str, Any]], timeout_s: float) -> list[Span]:
+    """Run ``fn(job)`` for every job in its own spawned process, all starting at once.
+
+    ``fn`` must be importable (a module-level function). Raises RuntimeError when a process
+    fails or gives no answer within ``timeout_s`` after the start.
+    """
+    ctx = multiprocessing.get_context("spawn")  # no fork: the parent runs threads and an event loop
+    barrier = ctx.Barrier(len(jobs))
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(fn, job, barrier, out), daemon=True) for job in jobs]
+    for p in procs:
+        p.start()
+    spans: list[Span] = []
+    errors: list[str] = []
+    try:
+        for _ in procs:
+            got = out.get(timeout=START_TIMEOUT_S + timeout_s)
+            if isinstance(got, Span):
+                spans.append(got)
+            else:
+                errors.append(got)
+    except queue.Empty:
+        errors.append(f"a client process gave no result within {START_TIMEOUT_S + timeout_s:.0f} s")
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+    if errors:
+        raise RuntimeError(f"load generation failed in {len(errors)} of {len(jobs)} client processes: {errors[0]}")
+    return spans

@@ -1,0 +1,1 @@
+"""``tune``: candidates, selection and the run that measures them."""

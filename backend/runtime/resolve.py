@@ -1,0 +1,83 @@
+"""Find the weights to serve: a directory, the Hugging Face cache or hub, else the demo model.
+
+When the real weights cannot be had, the built-in random-weight demo is served instead,
+and every surface (terminal, status, chat page) says so loudly.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from config.model import ModelReadError
+from config.settings import ROOT, Settings
+
+DEMO_ID = "demo"
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    path: str
+    demo: bool
+    note: str | None = None
+    """Why the demo was used instead of what was asked for."""
+
+
+def ensure_demo(settings: Settings) -> Path:
+    """Write the demo checkpoint with the engine's Python (it has torch); no-op when present."""
+    target = settings.model.demo_dir
+    argv = [settings.engine.python, "-m", "backend.runtime.demo_model", str(target)]
+    if settings.model.demo_full_size:
+        argv.append("--full-size")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    try:
+        done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    except FileNotFoundError:
+        raise ModelReadError(
+            f"cannot write the demo model: the engine's Python '{settings.engine.python}' does not exist; "
+            "run the set-up script or set engine.python"
+        ) from None
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise ModelReadError(f"writing the demo model failed: {tail[0]}")
+    return target
+
+
+def _from_hub(model_id: str, revision: str | None) -> str:
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.py"]
+    try:
+        return snapshot_download(model_id, revision=revision, local_files_only=True, allow_patterns=patterns)
+    except Exception:
+        pass
+    try:
+        return snapshot_download(model_id, revision=revision, allow_patterns=patterns)
+    except Exception as err:
+        raise ModelReadError(
+            f"model '{model_id}': not in the local Hugging Face cache and the hub cannot be reached "
+            f"({type(err).__name__})"
+        ) from None
+
+
+def resolve_model(settings: Settings) -> ResolvedModel:
+    """The local path to serve, or ModelReadError when nothing can be served."""
+    model_id = settings.model.id
+    if model_id == DEMO_ID:
+        return ResolvedModel(str(ensure_demo(settings)), demo=True)
+    local = Path(model_id).expanduser()
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise ModelReadError(f"model '{model_id}': no config.json in that directory")
+        from backend.runtime.demo_model import is_demo_model
+
+        return ResolvedModel(str(local.resolve()), demo=is_demo_model(local))
+    try:
+        return ResolvedModel(_from_hub(model_id, settings.model.revision), demo=False)
+    except ModelReadError as err:
+        if not settings.model.demo_fallback:
+            raise
+        note = f"{err}; serving the built-in DEMO model (random weights, answers are noise)"
+        return ResolvedModel(str(ensure_demo(settings)), demo=True, note=note)

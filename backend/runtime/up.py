@@ -1,0 +1,130 @@
+"""``up``: the engine, then the chat page once the engine is ready; one Ctrl-C stops both.
+
+Prints ``ready: <engine url>`` when the engine has passed warm-up and ``chat: <page url>``
+when the page answers. The page runs ``chainlit run app.py`` in its own process group with
+the same settings (passed as ``ERNIECHAT_*`` variables), so it reads the same status file.
+Afterwards both are watched: if the engine dies the page stays up and tells its users; if the
+page dies everything stops. SIGINT or SIGTERM stops both process groups, always.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from backend.runtime.process import EngineProcess, port_in_use
+from backend.runtime.serve import Server
+from config.settings import ENV_DELIMITER, ENV_PREFIX, ROOT, Settings
+
+PAGE_START_S = 120.0
+"""Chainlit imports in a few seconds; this bound only catches a page that hangs."""
+WATCH_S = 1.0
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """Every set value as an ``ERNIECHAT_SECTION__KEY`` variable (JSON for lists, dicts, numbers)."""
+    env: dict[str, str] = {}
+    for section, values in settings.model_dump(mode="json").items():
+        for key, value in values.items():
+            if value is None:
+                continue
+            text = value if isinstance(value, str) else json.dumps(value)
+            env[f"{ENV_PREFIX}{section.upper()}{ENV_DELIMITER}{key.upper()}"] = text
+    return env
+
+
+def page_host(host: str) -> str:
+    """Where a browser on this machine finds a page bound to ``host``."""
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+class ChatPage:
+    """``chainlit run app.py`` as a child in its own process group, logging to ``log_path``."""
+
+    def __init__(
+        self, host: str, port: int, env: dict[str, str], log_path: Path, base_env: dict[str, str] | None = None
+    ) -> None:
+        self.url = f"http://{page_host(host)}:{port}"
+        self.log_path = log_path
+        argv = [sys.executable, "-m", "chainlit", "run", "app.py", "--headless", "--host", host, "--port", str(port)]
+        # EngineProcess: the same own-process-group start and group stop as the engine's.
+        self.process = EngineProcess(argv, env, log_path, cwd=ROOT, base_env=base_env)
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> ChatPage:
+        """Every value as resolved here (file, environment and flags together) goes in the
+        environment, which outranks the file, so the page sees exactly what ``up`` saw."""
+        a = settings.app
+        return cls(a.host, a.port, settings_env(settings), Path(settings.engine.run_dir) / "chat-page.log")
+
+    def start(self) -> None:
+        self.process.start()
+
+    def wait_serving(self) -> str | None:
+        """None once ``/`` answers 200; else why not (the page exited, or took too long)."""
+        deadline = time.monotonic() + PAGE_START_S
+        with httpx.Client(timeout=2.0) as http:
+            while time.monotonic() < deadline:
+                code = self.process.exit_code()
+                if code is not None:
+                    return f"the chat page exited during start-up (code {code}); last log lines:\n{self.tail()}"
+                try:
+                    if http.get(self.url + "/").status_code == 200:
+                        return None
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.3)
+        return f"the chat page did not answer at {self.url} within {PAGE_START_S:.0f} s; see {self.log_path}"
+
+    def tail(self, n: int = 12) -> str:
+        return self.process.tail(n)
+
+    def stop(self) -> None:
+        self.process.stop(grace_s=5.0)
+
+
+def run_up(settings: Settings) -> int:
+    """The ``up`` command. 0 after a clean stop; 1 when something failed."""
+    a = settings.app
+    if port_in_use(a.host, a.port):
+        print(
+            f"error: port {a.port} on {a.host} is already in use, and the chat page needs it; "
+            "stop what holds it or choose another with --port",
+            file=sys.stderr,
+        )
+        return 1
+    server = Server(settings)
+    page: ChatPage | None = None
+    try:
+        if not server.start():
+            print(f"error: {server.status.error}", file=sys.stderr)
+            return 1
+        print(f"ready: {server.base_url}", flush=True)
+        page = ChatPage.for_settings(settings)
+        page.start()
+        why = page.wait_serving()
+        if why:
+            print(f"error: {why}", file=sys.stderr)
+            return 1
+        print(f"chat: {page.url}", flush=True)
+        print(f"(page log: {page.log_path}; Ctrl-C stops the page and the engine)", flush=True)
+        engine_up = True
+        while True:
+            code = page.process.exit_code()
+            if code is not None:
+                print(
+                    f"error: the chat page exited (code {code}); stopping. Last log lines:\n{page.tail()}",
+                    file=sys.stderr,
+                )
+                return 1
+            if engine_up and not server.check():
+                engine_up = False  # check() has said why; the page stays and shows the error to its users
+            time.sleep(WATCH_S)
+    finally:
+        if page is not None:
+            page.stop()
+        server.stop()

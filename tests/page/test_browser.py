@@ -1,0 +1,66 @@
+"""One real browser (Debian's chromium, driven by Playwright): type, watch the reply stream in,
+see its latency footer. Saves the page to the test's tmp dir, and to ``docs/screenshot.png`` when
+``UPDATE_SCREENSHOT=1`` (so a test run leaves the tracked tree alone)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from support.services import ROOT
+
+if TYPE_CHECKING:
+    from backend.runtime.up import ChatPage
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+FOOTER = re.compile(r"TTFT \d+ ms · \d+ tokens · [\d.]+ tok/s")
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium: apt-get install -y chromium")
+def test_browser_types_and_sees_streamed_reply_with_footer(chainlit_app: ChatPage, tmp_path: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    frames: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page.on("websocket", lambda ws: ws.on("framereceived", lambda f: frames.append(str(f))))
+            page.goto(chainlit_app.url)
+            box = page.locator("#chat-input")
+            box.wait_for(timeout=60_000)
+            expect(page.get_by_text("Demo model: random weights.")).to_be_visible(timeout=30_000)
+            box.fill("Hello! What can you tell me about rivers?")
+            box.press("Enter")
+            expect(page.get_by_text("Hello! What can you tell me about rivers?")).to_be_visible(timeout=10_000)
+            footer = page.get_by_text(FOOTER)
+            expect(footer).to_be_visible(timeout=120_000)
+            expect(page.locator("#chat-submit")).to_be_visible(timeout=30_000)  # the task has ended
+            # Chainlit scrolls a sent message to the top; scroll back so the banner shows too
+            page.mouse.move(640, 300)
+            page.mouse.wheel(0, -5000)
+            page.wait_for_timeout(500)
+            shot = tmp_path / "screenshot.png"
+            page.screenshot(path=str(shot))
+        finally:
+            browser.close()
+    assert any("stream_start" in f for f in frames) and any("stream_token" in f for f in frames), (
+        "the browser got the reply in one piece, not streamed"
+    )
+    if os.environ.get("UPDATE_SCREENSHOT") == "1":
+        shutil.copyfile(shot, ROOT / "docs" / "screenshot.png")

