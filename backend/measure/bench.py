@@ -29,7 +29,7 @@ import httpx
 from backend.engine_api import ChatResult, ask, headers, root_url
 from backend.errors import UsageError
 from backend.measure.loadgen import Span, client_processes, fan_out, merge, split
-from backend.runtime.warmup import LONG_CAP, count_tokens, prompt_of, sized_prompt, tokens_per_word
+from backend.measure.prompts import LONG_CAP, count_tokens, prompt_of, sized_prompt, tokens_per_word
 
 DEFAULT_LEVELS = (1, 4, 16, 64)
 DEFAULT_MAX_TOKENS = 128

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 
 from backend.engine_api import ask
+from backend.measure.prompts import prompt_of
 from backend.runtime.process import free_port
 from backend.runtime.serve import logged_server
-from backend.runtime.warmup import prompt_of
 from config.settings import Settings
 
 USER_REQUESTS = 6

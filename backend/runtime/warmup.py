@@ -10,77 +10,20 @@ first-token timeout.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import statistics
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 
-from backend.engine_api import ChatResult, ask, fetch_metrics, headers, per_engine, root_url
+from backend.engine_api import ChatResult, ask, fetch_metrics, per_engine
 from backend.errors import WarmupError
+from backend.measure.prompts import LONG_CAP, count_tokens, prompt_of, sized_prompt, tokens_per_word
 from config.plan import Plan
 
-WORDS = [
-    "the",
-    "engine",
-    "reads",
-    "each",
-    "prompt",
-    "and",
-    "writes",
-    "a",
-    "short",
-    "answer",
-    "about",
-    "rivers",
-    "mountains",
-    "cities",
-    "music",
-    "history",
-    "science",
-    "gardens",
-    "weather",
-    "travel",
-    "cooking",
-    "numbers",
-    "stars",
-    "oceans",
-    "forests",
-]
 REPLY_TOKENS = 16
-LONG_CAP = {"cpu": 1024, "cuda": 8192}
 MAX_ROUNDS = 6
-
-
-def prompt_of(n_words: int) -> str:
-    """Distinct text of about ``n_words`` words: a fresh nonce defeats the prefix cache."""
-    words = itertools.islice(itertools.cycle(WORDS), n_words)
-    return f"[{uuid.uuid4().hex[:12]}] " + " ".join(words)
-
-
-async def count_tokens(client: httpx.AsyncClient, base_url: str, model: str, text: str, api_key: str | None) -> int:
-    r = await client.post(
-        f"{root_url(base_url)}/tokenize",
-        json={"model": model, "messages": [{"role": "user", "content": text}]},
-        headers=headers(api_key),
-    )
-    r.raise_for_status()
-    return int(r.json()["count"])
-
-
-async def tokens_per_word(client: httpx.AsyncClient, base_url: str, model: str, api_key: str | None) -> float:
-    """How many tokens a word of ``prompt_of`` text costs, measured once with the model's tokenizer."""
-    probe_words = 200
-    return await count_tokens(client, base_url, model, prompt_of(probe_words), api_key) / probe_words
-
-
-def sized_prompt(tokens: int, per_word: float) -> tuple[int, int]:
-    """(words, tokens) for a prompt of about ``tokens`` tokens."""
-    words = max(4, int(tokens / per_word))
-    return words, int(words * per_word)
 
 
 def _median(values: list[float]) -> float:

@@ -31,8 +31,8 @@ import httpx
 
 from backend.errors import UsageError
 from backend.measure.bench import client_note, measure_level, prompt_shapes
+from backend.measure.prompts import LONG_CAP
 from backend.runtime.process import free_port
-from backend.runtime.warmup import LONG_CAP
 from config.hardware import Hardware
 from config.model import ModelSpec
 from config.plan import Plan
