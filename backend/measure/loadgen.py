@@ -35,11 +35,18 @@ class Span:
     end: float = 0.0
     cut_off: int = 0
     cpu_s: float = 0.0
-    """CPU seconds the process spent while measuring: near end - start means the client was the limit."""
+    """CPU seconds the process spent while measuring (all processes', for a merged span)."""
+    parts: list[Span] = field(default_factory=list)
+    """The processes' own spans, when this one merges several."""
 
     @property
     def busy(self) -> float:
-        """Share of the span the client process was on the CPU."""
+        """Share of the span the client process was on the CPU: near 1 means the client was the limit.
+
+        A merged span: the busiest process's share (one saturated process limits its streams).
+        """
+        if self.parts:
+            return max(p.busy for p in self.parts)
         wall = self.end - self.start
         return self.cpu_s / wall if wall > 0 else 0.0
 
@@ -60,15 +67,14 @@ def split(total: int, parts: int) -> list[int]:
 
 
 def merge(spans: list[Span]) -> Span:
-    """One span over all processes: first start to last end, all results, the busiest share's CPU."""
-    busiest = max(spans, key=lambda s: s.busy)
-    start, end = min(s.start for s in spans), max(s.end for s in spans)
+    """One span over all processes: first start to last end, all results, and the spans themselves."""
     return Span(
         results=[r for s in spans for r in s.results],
-        start=start,
-        end=end,
+        start=min(s.start for s in spans),
+        end=max(s.end for s in spans),
         cut_off=sum(s.cut_off for s in spans),
-        cpu_s=busiest.busy * (end - start),
+        cpu_s=sum(s.cpu_s for s in spans),
+        parts=list(spans),
     )
 
 

@@ -182,6 +182,7 @@ def test_split_and_merge_keep_every_request_and_the_whole_span() -> None:
     assert [r.tokens for r in m.results] == [3, 4, 5]
     assert (m.start, m.end, m.cut_off) == (10.0, 14.0, 1)
     assert m.busy == pytest.approx(0.9), "the busiest process's share (b: 3.15 s of 3.5 s)"
+    assert m.cpu_s == pytest.approx(4.15), "both processes' CPU seconds"
 
 
 def test_a_failing_client_process_is_reported_not_waited_for() -> None:
