@@ -17,7 +17,7 @@ from backend.measure.bench import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_MIX,
     KEEPALIVE_VARIANTS,
-    LEVEL_TIME_CAP_S,
+    BenchOptions,
     bench_engine,
     cap_levels,
     parse_levels,
@@ -25,6 +25,7 @@ from backend.measure.bench import (
     this_machine,
     write_report,
 )
+from backend.measure.levels import LEVEL_TIME_CAP_S, Target
 from config.plan import PINNABLE
 from config.settings import Settings
 
@@ -107,40 +108,36 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     mix = [m.strip() for m in args.prompt_mix.split(",") if m.strip()]
     out = Path(args.out) if args.out else Path("bench-results") / datetime.now().strftime("%Y%m%d-%H%M%S")
     print(f"bench: {url} model {model}; levels {', '.join(map(str, levels))}; out {out}")
+    options = BenchOptions(
+        levels=tuple(levels),
+        requests_per_level=args.requests_per_level,
+        max_tokens=args.max_tokens,
+        prompt_mix=tuple(mix),
+        prompt_tokens=settings.workload.prompt_tokens,
+        keepalive=args.keepalive,
+        page_url=args.page,
+        page_keepalive=settings.app.keepalive,
+        time_cap_s=args.time_cap_s,
+        device=plan.get("device", "cuda"),
+        processes=args.client_processes,
+    )
     try:
-        report = bench_engine(
-            url,
-            model,
-            levels=levels,
-            requests_per_level=args.requests_per_level,
-            max_tokens=args.max_tokens,
-            prompt_mix=mix,
-            prompt_tokens=settings.workload.prompt_tokens,
-            api_key=settings.engine.api_key,
-            keepalive=args.keepalive,
-            page_url=args.page,
-            page_keepalive=settings.app.keepalive,
-            time_cap_s=args.time_cap_s,
-            device=plan.get("device", "cuda"),
-            processes=args.client_processes,
-        )
+        report = bench_engine(Target(url, model, settings.engine.api_key), options)
     except ValueError as err:
         raise UsageError(str(err)) from None
     except httpx.HTTPError as err:
         raise EngineDown(f"cannot reach the engine at {url}: {type(err).__name__}: {err}") from None
-    report.update(
-        label=args.label,
-        hardware=context.get("hardware") or this_machine(),
-        plan=plan,
-        demo=context.get("demo"),
-        warmup=context.get("warmup"),
-        notes=notes,
-    )
+    report.label = args.label
+    report.hardware = context.get("hardware") or this_machine()
+    report.plan = plan
+    report.demo = context.get("demo")
+    report.warmup = context.get("warmup")
+    report.notes = notes
     print()
     print(table(report))
     json_path, png = write_report(report, out)
-    for note in report["notes"]:
+    for note in report.notes:
         print(f"note: {note}")
     print(f"wrote {json_path}" + (f" and {png}" if png else ""))
-    errors = sum(r["errors"] for r in report["results"])
+    errors = sum(r.errors for r in report.results)
     return 1 if errors else 0

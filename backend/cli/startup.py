@@ -9,7 +9,8 @@ from pathlib import Path
 
 from backend.cli.options import add_plan_options
 from backend.measure.bench import this_machine
-from backend.measure.startup_bench import measure_start, plot_startup
+from backend.measure.plots import plot_startup
+from backend.measure.startup_bench import measure_start
 from backend.runtime.process import unwind_on_signals
 from config.settings import Settings
 

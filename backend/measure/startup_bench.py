@@ -4,7 +4,7 @@ With warm-up on and off in turn: start the engine (its own run dir and port), ti
 ready, then send the first user request and a few more (distinct prompts) and record their
 time to first token. Without warm-up the first user pays for what vLLM does on first use
 (kernel compilation, allocator growth); with it, the first user sees the steady state.
-Output: a table, ``startup.json`` and ``startup.png``.
+Output: a table, ``startup.json`` and ``startup.png`` (``plots.plot_startup``).
 """
 
 from __future__ import annotations
@@ -65,28 +65,3 @@ def measure_start(settings: Settings, *, warmup: bool, run_dir: Path) -> dict[st
             "user_ttfts_s": [round(t, 4) for t in ttfts],
             "warmup_record": server.status.warmup,
         }
-
-
-def plot_startup(runs: list[dict[str, Any]], path: Path) -> str | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib missing: no plot"
-    ok = [r for r in runs if r["ok"]]
-    labels = [f"warm-up {'on' if r['warmup'] else 'off'}" for r in ok]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
-    a.bar(labels, [r["ready_s"] for r in ok], color="#888")
-    a.set_ylabel("launch to ready (s)")
-    x = range(len(ok))
-    b.bar([i - 0.2 for i in x], [r["first_user_ttft_s"] * 1000 for r in ok], 0.4, label="first user request")
-    b.bar([i + 0.2 for i in x], [r["steady_ttft_s"] * 1000 for r in ok], 0.4, label="steady (median of next)")
-    b.set_xticks(list(x), labels)
-    b.set_ylabel("TTFT (ms)")
-    b.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None

@@ -1,0 +1,192 @@
+"""One load level, straight to vLLM or through the chat page.
+
+Each level is closed-loop: ``concurrency`` workers each send the next request as soon as their
+last one ends, until the level's request count or its time cap is reached. Straight to vLLM
+(the project's streaming ``ask``, ``ignore_eos`` so every reply has the same length), spread
+over client processes on large machines (``loadgen``); through the page, each request is a
+fresh browser tab. Prompts are distinct (``prompt_of``), so the prefix cache never answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from backend.engine_api import ChatResult, ask
+from backend.measure.loadgen import Span, client_processes, fan_out, merge, split
+from backend.measure.prompts import prompt_of
+from backend.measure.stats import Level, summarize
+
+LEVEL_TIME_CAP_S = 120.0
+"""No new request starts after this many seconds in one level."""
+DRAIN_S = 60.0
+"""Requests still running this long after the cap are cut off (counted, not errors)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The engine measured: its OpenAI base URL, the served model name and the API key."""
+
+    base_url: str
+    model: str
+    api_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Load:
+    """How every request of a level is shaped and how long a level may take.
+
+    Request i gets a fresh prompt of ``prompt_words[i % len]`` words and ``max_tokens`` reply
+    tokens. ``keepalive`` (direct path) False: a new connection per request, as the chat page
+    does by default; True: pooled connections, the pool sized so it never queues a request.
+    ``processes``: client processes sharing a direct level (None: ``loadgen.client_processes``).
+    """
+
+    max_tokens: int
+    prompt_words: tuple[int, ...]
+    keepalive: bool = True
+    time_cap_s: float = LEVEL_TIME_CAP_S
+    drain_s: float = DRAIN_S
+    processes: int | None = None
+
+    def __post_init__(self) -> None:
+        words = (self.prompt_words,) if isinstance(self.prompt_words, int) else tuple(self.prompt_words)
+        if not words or min(words) < 1:
+            raise ValueError("prompt_words: one or more word counts, each at least 1")
+        object.__setattr__(self, "prompt_words", words)
+
+    def prompt(self, i: int) -> str:
+        return prompt_of(self.prompt_words[i % len(self.prompt_words)])
+
+
+async def closed_loop(
+    concurrency: int,
+    n_requests: int,
+    one: Callable[[int, int], Awaitable[ChatResult]],
+    time_cap_s: float,
+    drain_s: float,
+) -> tuple[list[ChatResult], float, int]:
+    """``concurrency`` workers take request numbers until ``n_requests`` or the cap.
+
+    ``one(worker, i)`` returns a ChatResult. Returns (results, wall seconds, cut-off count).
+    """
+    results: list[ChatResult] = []
+    next_i = 0
+    t0 = time.perf_counter()
+    deadline = t0 + time_cap_s
+    last_end = t0
+
+    async def worker(w: int) -> None:
+        nonlocal next_i, last_end
+        while next_i < n_requests and time.perf_counter() < deadline:
+            i = next_i
+            next_i += 1
+            res = await one(w, i)
+            results.append(res)
+            last_end = time.perf_counter()
+
+    tasks = [asyncio.create_task(worker(w)) for w in range(concurrency)]
+    _, pending = await asyncio.wait(tasks, timeout=time_cap_s + drain_s)
+    wall = (time.perf_counter() if pending else last_end) - t0
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for task in tasks:
+        if not task.cancelled() and (err := task.exception()) is not None:
+            raise err
+    return results, wall, len(pending)
+
+
+async def _direct_span(target: Target, load: Load, concurrency: int, n_requests: int) -> Span:
+    limits = httpx.Limits(
+        max_connections=max(100, concurrency),
+        max_keepalive_connections=max(20, concurrency) if load.keepalive else 0,
+    )
+    read = load.time_cap_s + load.drain_s
+    timeout = httpx.Timeout(connect=10.0, read=read, write=30.0, pool=read)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+
+        async def one(_worker: int, i: int) -> ChatResult:
+            return await ask(
+                client,
+                target.base_url,
+                target.model,
+                load.prompt(i),
+                max_tokens=load.max_tokens,
+                api_key=target.api_key,
+            )
+
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        results, wall, cut = await closed_loop(concurrency, n_requests, one, load.time_cap_s, load.drain_s)
+    return Span(results, t0, t0 + wall, cut, time.process_time() - cpu0)
+
+
+def direct_span(job: dict[str, Any]) -> Span:
+    """One client process's share of a level: ``{target, load, concurrency, n_requests}``
+    (module level: a spawned process imports it)."""
+    return asyncio.run(_direct_span(**job))
+
+
+async def measure_level(target: Target, concurrency: int, n_requests: int, load: Load) -> Level:
+    """One level straight to vLLM: ``n_requests`` streamed chats, ``concurrency`` at a time,
+    each with exactly ``load.max_tokens`` reply tokens (``ignore_eos``)."""
+    if concurrency < 1 or n_requests < 1:
+        raise ValueError("concurrency and n_requests must be at least 1")
+    procs = min(load.processes or client_processes(concurrency), concurrency, n_requests)
+    if procs <= 1:
+        span = await _direct_span(target, load, concurrency, n_requests)
+    else:
+        jobs = [
+            {"target": target, "load": load, "concurrency": c, "n_requests": n}
+            for c, n in zip(split(concurrency, procs), split(n_requests, procs), strict=True)
+        ]
+        span = merge(await asyncio.to_thread(fan_out, direct_span, jobs, load.time_cap_s + load.drain_s))
+    level = summarize(
+        span.results, concurrency=concurrency, planned=n_requests, wall_s=span.end - span.start, cut_off=span.cut_off
+    )
+    level.short_replies = short_replies(span.results, load.max_tokens)
+    level.client_processes = procs
+    level.client_busy = round(span.busy, 3)
+    return level
+
+
+def short_replies(results: Sequence[ChatResult], max_tokens: int) -> int:
+    return sum(1 for r in results if r.ok and r.tokens < max_tokens)
+
+
+async def measure_page_level(
+    page_url: str, concurrency: int, n_requests: int, load: Load, *, cookie: str | None = None
+) -> Level:
+    """One level through the chat page: ``concurrency`` browser tabs, the same prompt shapes.
+
+    Every request is the first message of a new chat (a fresh tab), so it carries no history
+    and its prompt matches the direct path's. The tab is opened (and its chat settings set:
+    ``max_tokens``, temperature 0) before the clock of its request starts; opening counts in
+    the level's wall time (tokens/s, requests/s) but not in TTFT. The page cannot ask for
+    ``ignore_eos``, so replies may end early (``short_replies``).
+    """
+    from backend.measure.page_client import PageError, PageSession
+
+    async def one(_worker: int, i: int) -> ChatResult:
+        try:
+            tab = PageSession(page_url, cookie=cookie)
+        except PageError as err:  # python-socketio missing
+            return ChatResult(error=str(err))
+        try:
+            await tab.connect()
+            await tab.set_settings(max_tokens=load.max_tokens, temperature=0.0)
+            return await tab.ask(load.prompt(i), timeout=load.time_cap_s + load.drain_s)
+        except PageError as err:
+            return ChatResult(error=str(err))
+        finally:
+            await tab.close()
+
+    results, wall, cut = await closed_loop(concurrency, n_requests, one, load.time_cap_s, load.drain_s)
+    level = summarize(results, concurrency=concurrency, planned=n_requests, wall_s=wall, cut_off=cut)
+    level.short_replies = short_replies(results, load.max_tokens)
+    return level

@@ -1,0 +1,125 @@
+"""The numbers of a load level: percentiles, time per output token, and one level's record.
+
+:class:`Level` is what bench, tune and their reports share: ``summarize`` makes it from the
+replies of one level; ``bench.json`` and ``tune.json`` hold it under the same keys as always.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, model_serializer
+
+from backend.engine_api import ChatResult
+
+DIRECT_ONLY = ("client_processes", "client_busy")
+"""Measured only when the level went straight to the engine; absent from a page level's JSON."""
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); None for no values."""
+    if not values:
+        return None
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100
+    lo = math.floor(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def median(values: Sequence[float]) -> float | None:
+    """The median; None for no values."""
+    return statistics.median(values) if values else None
+
+
+def ms(seconds: float | None) -> float | None:
+    """Seconds as milliseconds, two decimals; None stays None."""
+    return None if seconds is None else round(seconds * 1000, 2)
+
+
+def tpot_s(res: ChatResult) -> float | None:
+    """Time per output token after the first: (end-to-end − TTFT) / (tokens − 1)."""
+    if res.ttft_s is None or res.tokens < 2:
+        return None
+    return (res.total_s - res.ttft_s) / (res.tokens - 1)
+
+
+class Level(BaseModel):
+    """One load level: ``concurrency`` at a time, ``requests`` sent; latencies at p50/p99 in ms."""
+
+    concurrency: int
+    requests_planned: int = 0
+    requests: int = 0
+    ok: int = 0
+    errors: int = 0
+    cut_off: int = 0
+    """Requests still running when the level's drain time ran out (cut off, not errors)."""
+    error_samples: list[str] = []
+    wall_s: float = 0.0
+    output_tokens: int = 0
+    tokens_per_request_mean: float = 0.0
+    output_tokens_per_s: float = 0.0
+    requests_per_s: float = 0.0
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    itl_p50_ms: float | None = None
+    itl_p99_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    e2e_p50_ms: float | None = None
+    e2e_p99_ms: float | None = None
+    itl_max_ms: float | None = None
+    """The longest stall between two tokens of any reply."""
+    short_replies: int = 0
+    """Replies that ended before max_tokens (the page cannot ask for ignore_eos)."""
+    client_processes: int | None = None
+    client_busy: float | None = None
+    """CPU share of the busiest client process; near 1 means the client may have been the limit."""
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: Any) -> dict[str, Any]:
+        return self.json_shape(handler(self))
+
+    def json_shape(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The dumped fields as the JSON files hold them: the direct path's figures only when measured."""
+        for key in DIRECT_ONLY:
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+
+def summarize(
+    results: Sequence[ChatResult], *, concurrency: int, planned: int, wall_s: float, cut_off: int = 0
+) -> Level:
+    """One level's numbers: TTFT, ITL, TPOT, end-to-end at p50/p99, the longest stall between
+    tokens (a seconds-long gap hides under p99 in a long reply), tokens/s, requests/s, errors."""
+    ok = [r for r in results if r.ok]
+    failed = [r for r in results if not r.ok]
+    ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
+    itl = [gap for r in ok for gap in r.itl_s]
+    tpot = [t for r in ok if (t := tpot_s(r)) is not None]
+    e2e = [r.total_s for r in ok]
+    tokens = sum(r.tokens for r in ok)
+    quantiles: dict[str, float | None] = {}
+    for name, values in (("ttft", ttft), ("itl", itl), ("tpot", tpot), ("e2e", e2e)):
+        quantiles[f"{name}_p50_ms"] = ms(percentile(values, 50))
+        quantiles[f"{name}_p99_ms"] = ms(percentile(values, 99))
+    return Level(
+        concurrency=concurrency,
+        requests_planned=planned,
+        requests=len(results),
+        ok=len(ok),
+        errors=len(failed),
+        cut_off=cut_off,
+        error_samples=sorted({(r.error or "no tokens")[:200] for r in failed})[:3],
+        wall_s=round(wall_s, 3),
+        output_tokens=tokens,
+        tokens_per_request_mean=round(tokens / len(ok), 1) if ok else 0.0,
+        output_tokens_per_s=round(tokens / wall_s, 2) if wall_s > 0 else 0.0,
+        requests_per_s=round(len(ok) / wall_s, 3) if wall_s > 0 else 0.0,
+        itl_max_ms=ms(max(itl) if itl else None),
+        **quantiles,
+    )

