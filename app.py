@@ -1,41 +1,36 @@
 """The chat page: Chainlit handlers that talk to people and to the engine's API.
 
-Where the engine is, timeouts, history that fits and streaming live in ``backend/chat.py``;
-this file turns them into messages. Start it with ``python -m backend up`` (or
-``chainlit run app.py`` beside a running ``python -m backend serve``).
-
-Socket: Chainlit has no config key for the engine.io ping interval/timeout (python-engineio
-defaults 25 s / 20 s: a vanished tab would hold its session ~45 s). The server is
-``chainlit.server.sio`` (python-socketio AsyncServer); its engine.io server ``sio.eio`` reads
-``ping_interval`` / ``ping_timeout`` for each new connection, so they are set here at import.
-Websocket-only transport and the shorter ``session_timeout`` are in ``.chainlit/config.toml``.
-
-The plan page: Chainlit reads ``chainlit.md`` from ``config.root`` on every page load. The
-tracked ``chainlit.md`` is a template; the app renders it with the live plan from the status
-file into ``<engine.run_dir>/page/`` and points ``config.root`` there.
+Where the engine is, timeouts, history that fits, streaming and the live plan live in
+``backend/page/``; the Chainlit internals it touches (socket pings, the readme's root, the
+session's task) in ``backend/page/chainlit_internals.py``. This file turns them into
+messages. Start it with ``python -m backend up`` (or ``chainlit run app.py`` beside a running
+``python -m backend serve``).
 """
 
 import asyncio
 import contextlib
 import hmac
 import os
+import time
 
 import chainlit as cl
-from chainlit.config import config as chainlit_config
 from chainlit.input_widget import Slider, TextInput
-from chainlit.server import sio
 
 from backend.engine_api import ChatResult
-from backend.page import link as chat
+from backend.errors import ChatError, TooLong
+from backend.page import chainlit_internals as internals
+from backend.page.link import EngineLink
+from backend.page.render import footer, progress_line, render_page, with_footer, write_if_changed
+from backend.page.sampling import Sampling
+from backend.page.stream import stream_reply
 from backend.runtime.status import EngineStatus
 from config.settings import ROOT, load_settings
 
 settings = load_settings()
-link = chat.EngineLink(settings)
-sio.eio.ping_interval = settings.app.ping_interval_s
-sio.eio.ping_timeout = settings.app.ping_timeout_s
+link = EngineLink(settings)
+internals.set_socket_pings(settings.app.ping_interval_s, settings.app.ping_timeout_s)
 TEMPLATE = (ROOT / "chainlit.md").read_text(encoding="utf-8")
-PAGE = settings.engine.run_dir / "page"
+PAGE = link.run_dir.page_dir
 DEMO = "⚠️ **Demo model: random weights.** Answers are noise; serve real weights with `--model`."
 STARTERS = [
     ("Explain attention", "Explain self-attention in a transformer in three short paragraphs."),
@@ -47,12 +42,12 @@ _background: set[asyncio.Task] = set()
 
 
 def refresh_page() -> None:
-    chat.write_if_changed(PAGE / "chainlit.md", chat.render_page(TEMPLATE, link.status(), link.run_dir))
+    write_if_changed(PAGE / "chainlit.md", render_page(TEMPLATE, link.status(), link.run_dir))
 
 
 try:
     refresh_page()
-    chainlit_config.root = str(PAGE)
+    internals.serve_readme_from(PAGE)
 except OSError as err:  # an unwritable run dir: the template is still a fine page
     print(f"chat page: cannot write {PAGE} ({err}); chainlit.md shows no live plan")
 
@@ -93,7 +88,7 @@ class Progress:
         self.msg: cl.Message | None = None
 
     async def show(self, status: EngineStatus) -> None:
-        text = f"{self.lead}\n\n{chat.progress_line(status)}"
+        text = f"{self.lead}\n\n{progress_line(status)}"
         if self.msg is None:
             self.msg = cl.Message(content=text)
             await self.msg.send()
@@ -127,20 +122,23 @@ async def start() -> None:
     if status and status.demo:
         plan = f"Plan: {status.plan_summary} · Hardware: {status.hardware} · the Readme says why."
         await cl.Message(content=f"{DEMO}\n\n{plan}").send()
-    if status and status.state != "ready":
+    if status is None or status.state == "ready":
+        link.prepare(link.locate(status))  # the window and template cost, before the first message
+    else:
         waiting = Progress("The engine is starting; you can type now, your message will wait for it.")
         try:
-            await link.wait_ready(waiting.show)
+            link.prepare(await link.wait_ready(waiting.show))
             await waiting.close("✅ The engine is ready.")
-        except chat.ChatError as err:
+        except ChatError as err:
             if waiting.msg is None:
                 waiting.msg = cl.Message(content="")
                 await waiting.msg.send()
             await waiting.close(f"⚠️ {err}")
 
 
-async def answer(text: str, reply_to: str) -> None:
-    """Wait for the engine if it is starting, fit the history, stream the reply with its footer."""
+async def answer(text: str, reply_to: str, t0: float) -> None:
+    """Wait for the engine if it is starting, fit the history, stream the reply with its footer.
+    ``t0``: when the message reached the page; the footer's first-token time counts from it."""
     history: list[dict[str, str]] = cl.user_session.get("history")
     waiting = Progress("⏳ Your message waits until the engine is ready.")
     reply = cl.Message(content="", metadata={"in_reply_to": reply_to})
@@ -148,21 +146,21 @@ async def answer(text: str, reply_to: str) -> None:
     try:
         target = await link.wait_ready(waiting.show)
         await waiting.close("✅ The engine is ready; answering.")
-        sampling = chat.Sampling.from_values(cl.user_session.get("chat_settings") or {}, settings)
+        sampling = Sampling.from_values(cl.user_session.get("chat_settings") or {}, settings)
         fitted = await link.fit(target, history, text, sampling)
         sent = bool(await reply.send())
-        await link.stream(target, fitted.messages, sampling, reply.stream_token, result)
+        await stream_reply(link, target, fitted.messages, sampling, reply.stream_token, result, t0)
     except asyncio.CancelledError:  # Stop: the engine's stream is closed already; keep what was said
         await waiting.close("Stopped waiting for the engine.")
         if result.text:
             history += [{"role": "user", "content": text}, {"role": "assistant", "content": result.text}]
         if sent:
-            reply.content = chat.with_footer(result.text, chat.footer(result, stopped=True))
+            reply.content = with_footer(result.text, footer(result, stopped=True))
             await reply.update()
         raise
-    except chat.TooLong as err:
+    except TooLong as err:
         await cl.Message(content=str(err)).send()
-    except chat.ChatError as err:
+    except ChatError as err:
         await waiting.close("The engine did not get ready for this message.")
         retry = cl.Action(name="retry", payload={"text": text, "reply_to": reply_to}, label="Retry", icon="rotate-ccw")
         hint = " Press **Retry** to send your message again (once the engine is back)." if err.retry else ""
@@ -175,8 +173,8 @@ async def answer(text: str, reply_to: str) -> None:
         if fitted.dropped_turns:
             n = fitted.dropped_turns
             note = f"{n} earlier turn{'s' if n > 1 else ''} left out to fit the {fitted.window:,}-token context"
-        line = chat.footer(result) + (" · demo model: random weights" if target.demo else "")
-        reply.content = chat.with_footer(result.text, line, note)
+        line = footer(result) + (" · demo model: random weights" if target.demo else "")
+        reply.content = with_footer(result.text, line, note)
         await reply.update()
 
 
@@ -185,43 +183,23 @@ async def on_chat_end() -> None:
     """The socket closed. Chainlit keeps the session (and a reply still streaming) for a
     reconnect; if none comes within ``app.abandoned_reply_s``, stop the reply like Stop would.
     "New chat" clears the session first: nothing will reconnect to it, so stop at once."""
-    session = cl.context.session
-    task: asyncio.Task | None = getattr(session, "current_task", None)
-    if task is None or task.done():
+    running = internals.running_reply()
+    if running is None:
         return
-    gone_sid = session.socket_id
-
-    async def stop_if_still_gone() -> None:
-        # "clear_session" and the disconnect are handled as separate tasks: watch for either
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + settings.app.abandoned_reply_s
-        while not task.done() and session.socket_id == gone_sid:  # a reconnect moves it to a new sid
-            if getattr(session, "to_clear", False) or loop.time() >= deadline:
-                task.cancel()
-                return
-            await asyncio.sleep(0.2)
-
-    watcher = asyncio.create_task(stop_if_still_gone())
+    watcher = asyncio.create_task(internals.stop_when_abandoned(*running, settings.app.abandoned_reply_s))
     _background.add(watcher)
     watcher.add_done_callback(_background.discard)
 
 
 @cl.on_message
 async def on_message(message: cl.Message) -> None:
-    await answer(message.content, message.id)
+    await answer(message.content, message.id, time.perf_counter())
 
 
 @cl.action_callback("retry")
 async def retry(action: cl.Action) -> None:
     """Resend the kept message, as the session's task so that Stop reaches it too."""
     await action.remove()
-    ctx = cl.context
-    await ctx.emitter.task_start()
-    task = asyncio.create_task(answer(action.payload["text"], action.payload.get("reply_to", "")))
-    ctx.session.current_task = task
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
-    finally:
-        await ctx.emitter.task_end()
+    t0 = time.perf_counter()
+    text, reply_to = action.payload["text"], action.payload.get("reply_to", "")
+    await internals.run_as_session_task(lambda: answer(text, reply_to, t0))

@@ -10,26 +10,61 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+"""Bind addresses that mean "every interface": a client on this machine uses loopback."""
+
+
+def local_host(bind_host: str) -> str:
+    """Where a client on this machine reaches a server bound to ``bind_host``."""
+    return "127.0.0.1" if bind_host in WILDCARD_HOSTS else bind_host
+
+
+def engine_url(bind_host: str, port: int) -> str:
+    """The engine's OpenAI base URL (``.../v1``) for a server bound to ``bind_host:port``."""
+    return f"http://{local_host(bind_host)}:{port}/v1"
+
+
+def root_url(base_url: str) -> str:
+    """``http://h:p/v1`` -> ``http://h:p``: /metrics, /health and /tokenize live at the root."""
+    return base_url.rstrip("/").removesuffix("/v1")
+
+
+def headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
 
 @dataclass
 class ChatResult:
+    """One reply as it was timed: seconds are from ``t0`` (the request's start, or the moment
+    the page received the user's message), so ``ttft_s`` is what the user waited."""
+
     text: str = ""
     ttft_s: float | None = None
+    """Until the first generated token arrived (vLLM's first chunk, visible text or not)."""
+    sent_s: float = 0.0
+    """Until the request left for the engine: the page's own share of ``ttft_s``."""
     total_s: float = 0.0
     tokens: int = 0
     """Completion tokens as the engine counted them (usage), else content deltas seen."""
     token_times: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
+    deltas: int = 0
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.tokens > 0
+
+    @property
+    def engine_ttft_s(self) -> float | None:
+        """The engine's share of the first-token wait (from sending the request)."""
+        return None if self.ttft_s is None else self.ttft_s - self.sent_s
 
     @property
     def tokens_per_s(self) -> float:
@@ -41,9 +76,51 @@ class ChatResult:
         """Gaps between streamed chunks (inter-token latency)."""
         return [b - a for a, b in zip(self.token_times, self.token_times[1:], strict=False)]
 
+    def absorb(self, chunk: dict[str, Any], now: float) -> str:
+        """Apply one streamed chunk received at ``now``; returns its text (may be empty)."""
+        if chunk.get("usage"):
+            self.tokens = chunk["usage"].get("completion_tokens", self.tokens)
+        text = ""
+        for choice in chunk.get("choices") or []:
+            if self.ttft_s is None:
+                self.ttft_s = now
+            piece = (choice.get("delta") or {}).get("content")
+            if piece:
+                self.token_times.append(now)
+                self.deltas += 1
+                text += piece
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+        self.text += text
+        return text
 
-def headers(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    def finish(self, now: float) -> None:
+        self.total_s = now
+        self.tokens = self.tokens or self.deltas
+
+
+def chat_body(
+    model: str, messages: list[dict[str, str]], *, max_tokens: int, stream: bool = True, **sampling: Any
+) -> dict[str, Any]:
+    """A ``/v1/chat/completions`` request; greedy unless ``sampling`` says otherwise."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "temperature": 0.0,
+        **sampling,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+async def stream_chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON chunks of an OpenAI server-sent-event stream, ``[DONE]`` excluded."""
+    async for line in response.aiter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])
 
 
 async def chat(
@@ -58,16 +135,7 @@ async def chat(
     extra: dict[str, Any] | None = None,
 ) -> ChatResult:
     """One chat completion against ``{base_url}/chat/completions``; never raises on HTTP errors."""
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "stream": stream,
-        "temperature": 0.0,
-        **(extra or {}),
-    }
-    if stream:
-        body["stream_options"] = {"include_usage": True}
+    body = chat_body(model, messages, max_tokens=max_tokens, stream=stream, **(extra or {}))
     res = ChatResult()
     t0 = time.perf_counter()
     url = f"{base_url.rstrip('/')}/chat/completions"
@@ -88,28 +156,11 @@ async def chat(
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread()).decode()[:300]}"
                 return res
-            deltas = 0
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    res.tokens = chunk["usage"].get("completion_tokens", res.tokens)
-                for choice in chunk.get("choices", []):
-                    piece = choice.get("delta", {}).get("content")
-                    if piece:
-                        now = time.perf_counter() - t0
-                        if res.ttft_s is None:
-                            res.ttft_s = now
-                        res.token_times.append(now)
-                        res.text += piece
-                        deltas += 1
-                    if choice.get("finish_reason"):
-                        res.finish_reason = choice["finish_reason"]
-            res.tokens = res.tokens or deltas
+            async for chunk in stream_chunks(r):
+                res.absorb(chunk, time.perf_counter() - t0)
     except httpx.HTTPError as err:
         res.error = f"{type(err).__name__}: {err}"
-    res.total_s = time.perf_counter() - t0
+    res.finish(time.perf_counter() - t0)
     return res
 
 
@@ -158,11 +209,6 @@ def parse_metrics(text: str) -> Samples:
             continue
         out.setdefault(m.group("name"), []).append((labels, value))
     return out
-
-
-def root_url(base_url: str) -> str:
-    """``http://h:p/v1`` -> ``http://h:p``: /metrics, /health and /tokenize live at the root."""
-    return base_url.rstrip("/").removesuffix("/v1")
 
 
 async def fetch_metrics(client: httpx.AsyncClient, base_url: str) -> Samples:

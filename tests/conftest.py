@@ -60,6 +60,15 @@ def small_context_page(engine: Engine, tmp_path_factory: pytest.TempPathFactory)
     page.stop()
 
 
+@pytest.fixture(scope="session")
+def patient_page(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatPage]:
+    """A page that keeps a closed tab's reply for 10 minutes: only "New chat" or a reconnect decide."""
+    log = tmp_path_factory.mktemp("patient-page") / "chainlit.log"
+    page = start_page(engine.run_dir, log, ERNIECHAT_APP__ABANDONED_REPLY_S="600")
+    yield page
+    page.stop()
+
+
 @pytest.fixture
 def page_without_engine(tmp_path: Path) -> Iterator[Callable[..., ChatPage]]:
     """Start pages on an empty run dir (no engine ever started), stopped after the test."""

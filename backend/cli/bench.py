@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from backend.measure.bench import (
     write_report,
 )
 from backend.measure.levels import LEVEL_TIME_CAP_S, Target
+from backend.runtime.rundir import RunDir
 from config.plan import PINNABLE
 from config.settings import Settings
 
@@ -50,10 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def running_target(settings: Settings, url: str | None, model: str | None) -> tuple[str, str, dict[str, Any]]:
     """URL, served name and what the status file and plan.json say about the engine there."""
-    from backend.runtime.status import read_status
-
     run_dir = settings.engine.run_dir
-    status = read_status(run_dir)
+    status = RunDir(run_dir).status()
     context: dict[str, Any] = {"notes": []}
     same = status is not None and (url is None or url.rstrip("/") == status.base_url.rstrip("/"))
     if status is not None and same:
@@ -63,11 +61,8 @@ def running_target(settings: Settings, url: str | None, model: str | None) -> tu
             )
         context["hardware"] = status.hardware
         context["demo"] = status.demo
-        context["warmup"] = status.warmup
-        try:
-            plan = json.loads((run_dir / "plan.json").read_text())
-        except (OSError, ValueError):
-            plan = {}
+        context["warmup"] = status.warmup.model_dump() if status.warmup else None
+        plan = RunDir(run_dir).plan_values()
         keys = ("summary", "hardware", "device", *PINNABLE)
         context["plan"] = {k: plan[k] for k in keys if k in plan} or {"summary": status.plan_summary}
         url = url or status.base_url

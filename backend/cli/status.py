@@ -37,9 +37,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             )
         if status.plan_summary:
             print(f"plan:    {status.plan_summary} on {status.hardware}")
-        if status.warmup and not status.warmup.get("disabled"):
-            w = status.warmup
-            print(f"warm-up: first TTFT {w['first_ttft_s'] * 1000:.0f} ms, steady {w['steady_ttft_s'] * 1000:.0f} ms")
+        w = status.warmup
+        if w is not None and not w.disabled:
+            print(f"warm-up: first TTFT {w.first_ttft_s * 1000:.0f} ms, steady {w.steady_ttft_s * 1000:.0f} ms")
         if status.error:
             print(f"error:   {status.error}")
     return 0 if status.state == "ready" else 1

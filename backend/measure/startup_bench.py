@@ -63,5 +63,5 @@ def measure_start(settings: Settings, *, warmup: bool, run_dir: Path) -> dict[st
             "first_user_ttft_s": round(ttfts[0], 4),
             "steady_ttft_s": round(statistics.median(ttfts[1:]), 4),
             "user_ttfts_s": [round(t, 4) for t in ttfts],
-            "warmup_record": server.status.warmup,
+            "warmup_record": server.status.warmup.model_dump() if server.status.warmup else None,
         }

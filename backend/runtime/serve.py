@@ -7,23 +7,23 @@ warm-up has passed. The status file tells every other process where things stand
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
 
 import httpx
 
-from backend.engine_api import headers, root_url
+from backend.engine_api import engine_url, headers, root_url
 from backend.runtime.cluster import RayHead, worker_lines
+from backend.runtime.display import DEMO_BANNER, Display
 from backend.runtime.logwatch import LogState
 from backend.runtime.process import EngineProcess, EngineStartError, port_in_use
 from backend.runtime.resolve import ResolvedModel, resolve_model
-from backend.runtime.status import WARMUP_FILE, EngineStatus, write_status
+from backend.runtime.rundir import RunDir
+from backend.runtime.status import EngineStatus, WarmupRecord
 from backend.runtime.warmup import WarmupError, warm_up
 from config.commands import engine_argv, engine_env
 from config.pipeline import Planned, plan_for
@@ -32,40 +32,6 @@ from config.settings import Settings
 
 ENGINE_CORE_TITLE = "VLLM::EngineCor"  # vLLM's process title "VLLM::EngineCore…", as Linux keeps 15 chars
 
-DEMO_BANNER = (
-    "!" * 78 + "\n"
-    "!!  DEMO MODEL: random weights. Answers are noise. {why}\n"
-    "!!  Serve real weights with --model <HF id or directory>.\n" + "!" * 78
-)
-
-
-class Display:
-    """Phase lines with elapsed time; one self-updating line on a terminal."""
-
-    WIDTH = 150
-
-    def __init__(self, t0: float, stream: TextIO | None = None) -> None:
-        self.t0 = t0
-        self.stream = stream or sys.stdout
-        self.tty = self.stream.isatty()
-        self.last = ""
-
-    def show(self, state: str, detail: str, progress: float) -> None:
-        elapsed = time.monotonic() - self.t0
-        bar = "#" * int(progress * 20)
-        line = f"[{elapsed:6.1f}s] {state:8} [{bar:<20}] {progress:4.0%}  {detail}"
-        if self.tty:
-            self.stream.write("\r" + line[: self.WIDTH].ljust(self.WIDTH))
-            self.stream.flush()
-        elif detail != self.last:
-            print(line, file=self.stream, flush=True)
-        self.last = detail
-
-    def done(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
-
 
 class Server:
     """One engine from start to stop; ``up`` drives it and the chat page together."""
@@ -73,8 +39,8 @@ class Server:
     def __init__(self, settings: Settings, say: Callable[[str], None] = print) -> None:
         self.settings = settings
         self.say = say
-        self.run_dir = settings.engine.run_dir
-        self.status = EngineStatus(pid=os.getpid(), log_path=str(self.run_dir / "engine.log"))
+        self.run_dir = RunDir(settings.engine.run_dir)
+        self.status = EngineStatus(pid=os.getpid(), log_path=str(self.run_dir.log_path))
         self.engine: EngineProcess | None = None
         self.ray: RayHead | None = None
         self.planned: Planned | None = None
@@ -90,7 +56,7 @@ class Server:
             self.status.detail = detail
         if progress is not None:
             self.status.progress = progress
-        write_status(self.run_dir, self.status)
+        self.run_dir.write_status(self.status)
         self.display.show(self.status.state, self.status.detail, self.status.progress)
 
     def fail(self, message: str) -> None:
@@ -100,9 +66,7 @@ class Server:
 
     @property
     def base_url(self) -> str:
-        e = self.settings.engine
-        host = "127.0.0.1" if e.host in ("0.0.0.0", "") else e.host
-        return f"http://{host}:{e.port}/v1"
+        return engine_url(self.settings.engine.host, self.settings.engine.port)
 
     # -- start ---------------------------------------------------------------------------
     def start(self) -> bool:
@@ -141,9 +105,8 @@ class Server:
         env = engine_env(plan, self.planned.hardware.gpus_per_node, os.environ.get("CUDA_VISIBLE_DEVICES"))
         if e.api_key:
             env["VLLM_API_KEY"] = e.api_key
-        (self.run_dir).mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "plan.json").write_text(json.dumps(plan.as_json(), indent=2))
-        self.engine = EngineProcess(argv, env, Path(self.status.log_path), cwd=self.run_dir)
+        self.run_dir.write_plan(plan)
+        self.engine = EngineProcess(argv, env, self.run_dir.log_path, cwd=self.run_dir.path)
         self.display.done()
         self.say(f"plan: {plan.summary()}; engine log: {self.status.log_path}")
         self.say("engine: " + " ".join(argv))
@@ -246,7 +209,7 @@ class Server:
         assert self.planned is not None
         plan = self.planned.plan
         if not self.settings.engine.warmup:
-            record = {"disabled": True}
+            record = WarmupRecord(disabled=True)
         else:
             self.update("warming", "warming up", 0.92)
 
@@ -271,13 +234,13 @@ class Server:
                 self.fail(f"warm-up failed: {err}")
                 return False
         self.status.warmup = record
-        (self.run_dir / WARMUP_FILE).write_text(json.dumps(record, indent=2))
-        if not record.get("disabled"):
+        self.run_dir.write_warmup(record)
+        if not record.disabled:
             self.display.done()
             self.say(
-                f"warm-up: first request TTFT {record['first_ttft_s'] * 1000:.0f} ms, steady "
-                f"{record['steady_ttft_s'] * 1000:.0f} ms ({record['first_over_steady']}x), "
-                f"{record['requests']} requests in {record['duration_s']:.1f} s"
+                f"warm-up: first request TTFT {record.first_ttft_s * 1000:.0f} ms, steady "
+                f"{record.steady_ttft_s * 1000:.0f} ms ({record.first_over_steady}x), "
+                f"{record.requests} requests in {record.duration_s:.1f} s"
             )
         return True
 
@@ -295,7 +258,7 @@ class Server:
 
     def _start_cluster(self, plan: Plan) -> None:
         """Ray head here, the worker line for every other node, then wait until all joined."""
-        self.ray = RayHead(self.settings.engine.python, plan, self.run_dir)
+        self.ray = RayHead(self.settings.engine.python, plan, self.run_dir.path)
         for line in worker_lines(plan, self.ray.ip):
             self.say(f"on each worker node run: {line}")
         if self.ray.ip.startswith("127."):

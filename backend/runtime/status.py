@@ -6,17 +6,36 @@ while its process is gone is reported as failed, so a crashed engine never looks
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
 State = Literal["starting", "loading", "warming", "ready", "failed", "stopped"]
 STATUS_FILE = "status.json"
 WARMUP_FILE = "warmup.json"
+
+
+class WarmupRecord(BaseModel):
+    """What the warm-up measured: first against steady first-token latency, per shape and path.
+    Saved as ``warmup.json`` and inside the status; sets the page's first-token timeout."""
+
+    disabled: bool = False
+    first_ttft_s: float = 0.0
+    steady_ttft_s: float = 0.0
+    first_over_steady: float | None = None
+    max_ttft_s: float = 0.0
+    requests: int = 0
+    concurrency: int = 0
+    concurrent_ttft_p50_s: float = 0.0
+    rounds: int = 0
+    prompt_tokens: dict[str, int] = Field(default_factory=dict)
+    replicas: int = 0
+    replicas_warmed: list[str] = Field(default_factory=list)
+    by_shape: dict[str, dict[str, float]] = Field(default_factory=dict)
+    duration_s: float = 0.0
 
 
 class EngineStatus(BaseModel):
@@ -36,16 +55,12 @@ class EngineStatus(BaseModel):
     plan_summary: str = ""
     plan_reasons: dict[str, str] = Field(default_factory=dict)
     hardware: str = ""
-    warmup: dict[str, Any] | None = None
+    warmup: WarmupRecord | None = None
     startup: dict[str, float] | None = None
     """Seconds: launch to /health, warm-up, total; plus vLLM's own splits from its log."""
     notes: list[str] = Field(default_factory=list)
     error: str | None = None
     log_path: str = ""
-
-    @property
-    def elapsed_s(self) -> float:
-        return self.updated_at - self.started_at
 
 
 def _alive(pid: int | None) -> bool:
@@ -83,11 +98,3 @@ def read_status(run_dir: Path) -> EngineStatus | None:
         status.error = status.error or "the serve process is gone (killed or crashed)"
         status.detail = status.error
     return status
-
-
-def read_warmup(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        data: dict[str, Any] = json.loads((run_dir / WARMUP_FILE).read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    return data

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from backend.engine_api import local_host
 from backend.runtime.process import EngineProcess, port_in_use
 from backend.runtime.serve import Server
 from config.settings import ENV_DELIMITER, ENV_PREFIX, ROOT, Settings
@@ -37,18 +38,13 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def page_host(host: str) -> str:
-    """Where a browser on this machine finds a page bound to ``host``."""
-    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-
-
 class ChatPage:
     """``chainlit run app.py`` as a child in its own process group, logging to ``log_path``."""
 
     def __init__(
         self, host: str, port: int, env: dict[str, str], log_path: Path, base_env: dict[str, str] | None = None
     ) -> None:
-        self.url = f"http://{page_host(host)}:{port}"
+        self.url = f"http://{local_host(host)}:{port}"
         self.log_path = log_path
         argv = [sys.executable, "-m", "chainlit", "run", "app.py", "--headless", "--host", host, "--port", str(port)]
         # EngineProcess: the same own-process-group start and group stop as the engine's.

@@ -13,13 +13,13 @@ import asyncio
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
 
 import httpx
 
 from backend.engine_api import ChatResult, ask, fetch_metrics, per_engine
 from backend.errors import WarmupError
 from backend.measure.prompts import LONG_CAP, count_tokens, prompt_of, sized_prompt, tokens_per_word
+from backend.runtime.status import WarmupRecord
 from config.plan import Plan
 
 REPLY_TOKENS = 16
@@ -39,7 +39,7 @@ async def warm_up(
     prompt_tokens: int,
     api_key: str | None = None,
     on_progress: Callable[[str, float], None] | None = None,
-) -> dict[str, Any]:
+) -> WarmupRecord:
     """Run the warm-up; the record it returns is saved beside the status. Raises WarmupError."""
     say = on_progress or (lambda _msg, _frac: None)
     t0 = time.perf_counter()
@@ -101,22 +101,21 @@ async def warm_up(
         entry = by_shape.setdefault(shape, {"requests": 0, "max_ttft_s": 0.0})
         entry["requests"] += 1
         entry["max_ttft_s"] = max(entry["max_ttft_s"], res.ttft_s or 0.0)
-    return {
-        "disabled": False,
-        "first_ttft_s": round(first_ttft, 4),
-        "steady_ttft_s": round(steady_ttft, 4),
-        "first_over_steady": round(first_ttft / steady_ttft, 1) if steady_ttft else None,
-        "max_ttft_s": round(max((r.ttft_s or 0.0) for _, r in results), 4),
-        "requests": len(results),
-        "concurrency": concurrency,
-        "concurrent_ttft_p50_s": round(_median(rounds[-1]), 4),
-        "rounds": len(rounds),
-        "prompt_tokens": {"short": short_n, "medium": med_n, "long": long_n},
-        "replicas": plan.data_parallel_size,
-        "replicas_warmed": replicas_seen,
-        "by_shape": by_shape,
-        "duration_s": round(time.perf_counter() - t0, 2),
-    }
+    return WarmupRecord(
+        first_ttft_s=round(first_ttft, 4),
+        steady_ttft_s=round(steady_ttft, 4),
+        first_over_steady=round(first_ttft / steady_ttft, 1) if steady_ttft else None,
+        max_ttft_s=round(max((r.ttft_s or 0.0) for _, r in results), 4),
+        requests=len(results),
+        concurrency=concurrency,
+        concurrent_ttft_p50_s=round(_median(rounds[-1]), 4),
+        rounds=len(rounds),
+        prompt_tokens={"short": short_n, "medium": med_n, "long": long_n},
+        replicas=plan.data_parallel_size,
+        replicas_warmed=replicas_seen,
+        by_shape=by_shape,
+        duration_s=round(time.perf_counter() - t0, 2),
+    )
 
 
 async def _replicas_served(client: httpx.AsyncClient, base_url: str) -> list[str]:

@@ -28,7 +28,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-FOOTER = re.compile(r"TTFT \d+ ms · \d+ tokens · [\d.]+ tok/s")
+FOOTER = re.compile(r"TTFT \d+ ms \(engine \d+ ms\) · \d+ tokens · [\d.]+ tok/s")
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium: apt-get install -y chromium")

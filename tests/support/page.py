@@ -19,7 +19,8 @@ SMALL_CONTEXT = 400
 def start_page(run_dir: Path, log_path: Path, **env: str) -> ChatPage:
     """Start app.py on a free port, reading the engine's status from ``run_dir``; wait for HTTP 200."""
     page_env = backend_env(
-        run_dir, ERNIECHAT_APP__MAX_TOKENS="32", ERNIECHAT_APP__ABANDONED_REPLY_S=str(ABANDONED_REPLY_S), **env
+        run_dir,
+        **{"ERNIECHAT_APP__MAX_TOKENS": "32", "ERNIECHAT_APP__ABANDONED_REPLY_S": str(ABANDONED_REPLY_S), **env},
     )
     # base_env={}: backend_env is the whole environment (outer ERNIECHAT_* variables removed)
     page = ChatPage("127.0.0.1", free_port(), page_env, log_path, base_env={})

@@ -35,6 +35,7 @@ from backend.measure.verify.checks import (
     gpu_skips,
 )
 from backend.measure.verify.nvml import Sampler, open_gpus, read_gpu, read_link, sampled
+from backend.runtime.rundir import RunDir
 from backend.runtime.status import EngineStatus, read_status
 from config.plan import Plan
 from config.settings import Settings
@@ -174,15 +175,6 @@ async def load_engine(
 # ============================================================================ the command
 
 
-def load_plan(run_dir: Path) -> Plan:
-    """The plan the engine was started with (``serve`` writes it beside the status file)."""
-    path = run_dir / "plan.json"
-    try:
-        return Plan.model_validate_json(path.read_text())
-    except (OSError, ValueError) as err:
-        raise EngineNotReady(f"cannot read the running plan {path}: {str(err).splitlines()[0]}") from None
-
-
 def running_engine(run_dir: Path) -> tuple[EngineStatus, Plan, str]:
     """The ready engine's status, plan and log text; EngineNotReady when there is none."""
     status = read_status(run_dir)
@@ -190,7 +182,7 @@ def running_engine(run_dir: Path) -> tuple[EngineStatus, Plan, str]:
         raise EngineNotReady(f"no engine has been started from {run_dir}; start one with `python -m backend serve`")
     if status.state != "ready":
         raise EngineNotReady(f"the engine in {run_dir} is {status.state}, not ready: {status.error or status.detail}")
-    plan = load_plan(run_dir)
+    plan = RunDir(run_dir).require_plan()
     try:
         log_text = Path(status.log_path).read_text(errors="replace")
     except OSError as err:

@@ -1,0 +1,69 @@
+"""The few Chainlit internals the page relies on, in one place (checked against chainlit 2.12).
+
+- Socket: Chainlit has no config key for the engine.io ping interval/timeout
+  (python-engineio defaults 25 s / 20 s: a vanished tab would hold its session ~45 s). Its
+  server is ``chainlit.server.sio`` (python-socketio AsyncServer); the engine.io server
+  ``sio.eio`` reads ``ping_interval`` / ``ping_timeout`` for each new connection.
+- The readme panel: Chainlit reads ``chainlit.md`` from ``config.root`` on every page load.
+- Sessions: ``session.current_task`` is the running handler (Stop cancels it),
+  ``session.socket_id`` changes when a tab reconnects, and ``session.to_clear`` is set when
+  "New chat" clears the session (nothing will reconnect to it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import chainlit as cl
+from chainlit.config import config as chainlit_config
+from chainlit.server import sio
+
+
+def set_socket_pings(interval_s: float, timeout_s: float) -> None:
+    sio.eio.ping_interval = interval_s
+    sio.eio.ping_timeout = timeout_s
+
+
+def serve_readme_from(directory: Path) -> None:
+    """Chainlit reads ``chainlit.md`` from here on each page load."""
+    chainlit_config.root = str(directory)
+
+
+def running_reply() -> tuple[Any, asyncio.Task[Any]] | None:
+    """The current session and its running handler, if one is still running."""
+    session = cl.context.session
+    task: asyncio.Task[Any] | None = getattr(session, "current_task", None)
+    if task is None or task.done():
+        return None
+    return session, task
+
+
+async def stop_when_abandoned(session: Any, task: asyncio.Task[Any], grace_s: float) -> None:
+    """Cancel ``task`` once its tab is gone for ``grace_s`` or its session was cleared ("New
+    chat"); a reconnect moves the session to a new socket id and keeps the reply."""
+    gone_sid = session.socket_id
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    # "clear_session" and the disconnect are handled as separate tasks: watch for either
+    while not task.done() and session.socket_id == gone_sid:
+        if getattr(session, "to_clear", False) or loop.time() >= deadline:
+            task.cancel()
+            return
+        await asyncio.sleep(0.2)
+
+
+async def run_as_session_task(work: Callable[[], Awaitable[None]]) -> None:
+    """Run ``work`` as the session's task, bracketed like a message handler, so Stop reaches it."""
+    ctx = cl.context
+    await ctx.emitter.task_start()
+    task = asyncio.create_task(work())
+    ctx.session.current_task = task
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    finally:
+        await ctx.emitter.task_end()
