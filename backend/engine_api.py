@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -84,7 +84,7 @@ class ChatResult:
         for choice in chunk.get("choices") or []:
             if self.ttft_s is None:
                 self.ttft_s = now
-            piece = (choice.get("delta") or {}).get("content")
+            piece = (choice.get("delta") or {}).get("content") or choice.get("text")
             if piece:
                 self.token_times.append(now)
                 self.deltas += 1
@@ -123,34 +123,28 @@ async def stream_chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any
             yield json.loads(line[6:])
 
 
-async def chat(
+async def _timed(
     client: httpx.AsyncClient,
-    base_url: str,
-    model: str,
-    messages: list[dict[str, str]],
-    *,
-    max_tokens: int = 32,
-    stream: bool = True,
-    api_key: str | None = None,
-    extra: dict[str, Any] | None = None,
+    url: str,
+    body: dict[str, Any],
+    api_key: str | None,
+    whole: Callable[[dict[str, Any]], str],
 ) -> ChatResult:
-    """One chat completion against ``{base_url}/chat/completions``; never raises on HTTP errors."""
-    body = chat_body(model, messages, max_tokens=max_tokens, stream=stream, **(extra or {}))
+    """POST ``body`` and time the answer; ``whole`` reads a non-streamed answer's text. Never
+    raises on HTTP errors: they are in ``error``."""
     res = ChatResult()
     t0 = time.perf_counter()
-    url = f"{base_url.rstrip('/')}/chat/completions"
     try:
-        if not stream:
+        if not body.get("stream"):
             r = await client.post(url, json=body, headers=headers(api_key))
-            res.total_s = time.perf_counter() - t0
+            res.total_s = res.ttft_s = time.perf_counter() - t0
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {r.text[:300]}"
                 return res
             data = r.json()
-            res.text = data["choices"][0]["message"]["content"] or ""
+            res.text = whole(data["choices"][0]) or ""
             res.finish_reason = data["choices"][0].get("finish_reason")
             res.tokens = data.get("usage", {}).get("completion_tokens", 0)
-            res.ttft_s = res.total_s
             return res
         async with client.stream("POST", url, json=body, headers=headers(api_key)) as r:
             if r.status_code != 200:
@@ -162,6 +156,85 @@ async def chat(
         res.error = f"{type(err).__name__}: {err}"
     res.finish(time.perf_counter() - t0)
     return res
+
+
+async def chat(
+    client: httpx.AsyncClient,
+    base_url: str,
+    model: str,
+    messages: list[dict[str, str]],
+    *,
+    max_tokens: int = 32,
+    stream: bool = True,
+    api_key: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> ChatResult:
+    """One chat completion against ``{base_url}/chat/completions``."""
+    body = chat_body(model, messages, max_tokens=max_tokens, stream=stream, **(extra or {}))
+    url = f"{base_url.rstrip('/')}/chat/completions"
+    return await _timed(client, url, body, api_key, lambda choice: choice["message"]["content"])
+
+
+async def complete(
+    client: httpx.AsyncClient,
+    base_url: str,
+    model: str,
+    prompt: str,
+    *,
+    max_tokens: int,
+    stream: bool = True,
+    api_key: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> ChatResult:
+    """One plain completion against ``{base_url}/completions`` (no chat template)."""
+    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
+    body.update({"temperature": 0.0, **(extra or {})})
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    url = f"{base_url.rstrip('/')}/completions"
+    return await _timed(client, url, body, api_key, lambda choice: choice.get("text", ""))
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One path a request takes through vLLM: endpoint, streaming, and sampling or greedy."""
+
+    endpoint: Literal["chat", "completions"]
+    stream: bool
+    sampled: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.endpoint}/{'stream' if self.stream else 'whole'}/{'sampled' if self.sampled else 'greedy'}"
+
+
+KINDS = tuple(Kind(e, s, m) for m in (True, False) for e in ("chat", "completions") for s in (True, False))
+"""The page's own path (chat, streamed, sampled) first."""
+PAGE_SAMPLING = {"temperature": 0.7, "top_p": 0.95}
+"""The chat page's default sampling (``app.temperature``, ``app.top_p``)."""
+
+
+async def request(
+    client: httpx.AsyncClient,
+    base_url: str,
+    model: str,
+    kind: Kind,
+    text: str,
+    *,
+    max_tokens: int,
+    sampling: dict[str, float] | None = None,
+    api_key: str | None = None,
+) -> ChatResult:
+    """One request of ``kind`` whose reply is exactly ``max_tokens`` long (``ignore_eos``)."""
+    extra: dict[str, Any] = {"ignore_eos": True, **((sampling or PAGE_SAMPLING) if kind.sampled else {})}
+    if kind.endpoint == "chat":
+        messages = [{"role": "user", "content": text}]
+        return await chat(
+            client, base_url, model, messages, max_tokens=max_tokens, stream=kind.stream, api_key=api_key, extra=extra
+        )
+    return await complete(
+        client, base_url, model, text, max_tokens=max_tokens, stream=kind.stream, api_key=api_key, extra=extra
+    )
 
 
 async def ask(

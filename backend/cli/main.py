@@ -15,6 +15,7 @@ from types import ModuleType
 from backend.cli import (
     bench,
     demo_model,
+    page_floor,
     plan,
     profiles,
     serve,
@@ -28,7 +29,19 @@ from backend.cli.options import fail, overrides
 from backend.errors import ErniechatError
 from config.settings import load_settings
 
-COMMANDS: tuple[ModuleType, ...] = (plan, profiles, serve, up, status, demo_model, bench, startup, verify, tune)
+COMMANDS: tuple[ModuleType, ...] = (
+    plan,
+    profiles,
+    serve,
+    up,
+    status,
+    demo_model,
+    bench,
+    startup,
+    page_floor,
+    verify,
+    tune,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
 from backend.cli.options import add_plan_options
+from backend.errors import UsageError
 from backend.measure.bench import this_machine
 from backend.measure.plots import plot_startup
 from backend.measure.startup_bench import measure_start
@@ -21,16 +23,24 @@ HELP = "start-up time and first-user TTFT, with and without warm-up"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_plan_options(p)
     p.add_argument("--out", help="output directory (default bench-results/startup-<time>)")
+    p.add_argument("--warmup", choices=["both", "on", "off"], default="both", help="start with warm-up on, off or both")
+    p.add_argument("--idle", default="", help="seconds of idling, e.g. 30,120: each path's first request after")
+    p.add_argument("--page", action="store_true", help="also start the chat page and time its first new chats")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     unwind_on_signals()
     out = Path(args.out or f"bench-results/startup-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        idle = [float(x) for x in args.idle.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--idle {args.idle!r}: seconds, comma-separated, e.g. 30,120") from None
     runs = []
-    for warmup in (True, False):
+    for warmup in {"both": (True, False), "on": (True,), "off": (False,)}[args.warmup]:
         print(f"starting with warm-up {'on' if warmup else 'off'} ...", flush=True)
-        run = measure_start(settings, warmup=warmup, run_dir=out / f"engine-warmup-{'on' if warmup else 'off'}")
+        run_dir = out / f"engine-warmup-{'on' if warmup else 'off'}"
+        run = measure_start(settings, warmup=warmup, run_dir=run_dir, idle_s=idle, page=args.page)
         runs.append(run)
         if run["ok"]:
             print(
@@ -38,6 +48,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 f"steady {run['steady_ttft_s'] * 1000:.0f} ms",
                 flush=True,
             )
+            for name, w in run["paths"].items():
+                print(
+                    f"  {name:28} first {w['first_ttft_s'] * 1000:6.1f} ms, steady {w['steady_ttft_s'] * 1000:6.1f} ms"
+                )
+            for seconds, paths in run["after_idle_s"].items():
+                worst = max(paths.items(), key=lambda kv: kv[1]["first_over_steady"])
+                print(f"  after {seconds} s idle: worst path {worst[0]} x{worst[1]['first_over_steady']}")
+            if run["page_chat_ttfts_s"]:
+                first, *later = run["page_chat_ttfts_s"]
+                print(f"  page: first new chat {first * 1000:.1f} ms, later {statistics.median(later) * 1000:.1f} ms")
         else:
             print(f"  failed: {run['error']}", flush=True)
     report = {"machine": this_machine(), "model": settings.model.id, "runs": runs}

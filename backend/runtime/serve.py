@@ -224,6 +224,7 @@ class Server:
                         plan,
                         users=self.settings.workload.users,
                         prompt_tokens=self.settings.workload.prompt_tokens,
+                        sampling={"temperature": self.settings.app.temperature, "top_p": self.settings.app.top_p},
                         api_key=self.settings.engine.api_key,
                         on_progress=progress,
                     )

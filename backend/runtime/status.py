@@ -18,6 +18,13 @@ STATUS_FILE = "status.json"
 WARMUP_FILE = "warmup.json"
 
 
+class KindWarmth(BaseModel):
+    """One request path's first-token time: its very first request, and once warm."""
+
+    first_ttft_s: float
+    steady_ttft_s: float
+
+
 class WarmupRecord(BaseModel):
     """What the warm-up measured: first against steady first-token latency, per shape and path.
     Saved as ``warmup.json`` and inside the status; sets the page's first-token timeout."""
@@ -35,6 +42,9 @@ class WarmupRecord(BaseModel):
     replicas: int = 0
     replicas_warmed: list[str] = Field(default_factory=list)
     by_shape: dict[str, dict[str, float]] = Field(default_factory=dict)
+    by_kind: dict[str, KindWarmth] = Field(default_factory=dict)
+    """Per request path (``warmup.KINDS``): chat or completions, streamed or whole, sampled or greedy.
+    ``first_ttft_s`` / ``steady_ttft_s`` above are the page's path (chat, streamed, sampled)."""
     duration_s: float = 0.0
 
 

@@ -9,6 +9,7 @@ page dies everything stops. SIGINT or SIGTERM stops both process groups, always.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from backend.engine_api import local_host
+from backend.errors import ErniechatError
 from backend.runtime.process import EngineProcess, port_in_use
 from backend.runtime.serve import Server
 from config.settings import ENV_DELIMITER, ENV_PREFIX, ROOT, Settings
@@ -42,11 +44,17 @@ class ChatPage:
     """``chainlit run app.py`` as a child in its own process group, logging to ``log_path``."""
 
     def __init__(
-        self, host: str, port: int, env: dict[str, str], log_path: Path, base_env: dict[str, str] | None = None
+        self,
+        host: str,
+        port: int,
+        env: dict[str, str],
+        log_path: Path,
+        base_env: dict[str, str] | None = None,
+        app: str = "app.py",
     ) -> None:
         self.url = f"http://{local_host(host)}:{port}"
         self.log_path = log_path
-        argv = [sys.executable, "-m", "chainlit", "run", "app.py", "--headless", "--host", host, "--port", str(port)]
+        argv = [sys.executable, "-m", "chainlit", "run", app, "--headless", "--host", host, "--port", str(port)]
         # EngineProcess: the same own-process-group start and group stop as the engine's.
         self.process = EngineProcess(argv, env, log_path, cwd=ROOT, base_env=base_env)
 
@@ -75,6 +83,26 @@ class ChatPage:
                     pass
                 time.sleep(0.3)
         return f"the chat page did not answer at {self.url} within {PAGE_START_S:.0f} s; see {self.log_path}"
+
+    def pay_first_use(self) -> str | None:
+        """One throwaway chat of one token through the page's socket, so that its imports, first
+        socket, first render and first engine call are paid before anyone is let in. None when
+        done, else why not (the page still serves; the first user then pays)."""
+        from backend.measure.page_client import PageSession
+
+        async def chat_once() -> str | None:
+            tab = await PageSession(self.url).connect()
+            try:
+                await tab.set_settings(max_tokens=1)
+                res = await tab.ask("Hello.", timeout=PAGE_START_S)
+            finally:
+                await tab.close()
+            return res.error
+
+        try:
+            return asyncio.run(chat_once())
+        except ErniechatError as err:
+            return str(err)
 
     def tail(self, n: int = 12) -> str:
         return self.process.tail(n)
@@ -106,6 +134,10 @@ def run_up(settings: Settings) -> int:
         if why:
             print(f"error: {why}", file=sys.stderr)
             return 1
+        if settings.app.users:  # a page with login: this client has no session cookie
+            print("note: the page has login: its first use is paid by the first user", flush=True)
+        elif (why := page.pay_first_use()) is not None:
+            print(f"note: the page's first chat failed ({why}); the first user pays for its first use", flush=True)
         print(f"chat: {page.url}", flush=True)
         print(f"(page log: {page.log_path}; Ctrl-C stops the page and the engine)", flush=True)
         engine_up = True

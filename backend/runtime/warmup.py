@@ -1,9 +1,13 @@
 """Warm the engine with requests shaped like users' before anyone is let in.
 
 Measured on H200: the first request after start costs ~40x a warm one (a kernel compiled
-on first use), once per replica. So: short, medium and long prompts, streaming and not,
-alone and at the planned concurrency, until every replica has answered; each must return
-tokens. The record (first against steady first-token latency) also sets the chat page's
+on first use), once per replica, and the first request with sampling (the page's
+temperature / top-p) after greedy-only requests x4-5 again: each request path compiles its
+own kernels. So every path a request can take is warmed: chat and plain completions,
+streamed and not, greedy and with the page's sampling (:data:`KINDS`); short, medium and
+long prompts; alone, at the planned concurrency, and a full prefill chunk of concurrent
+medium prompts; until every replica has answered. Each request must return tokens. The
+record (first against steady first-token latency, per path) also sets the chat page's
 first-token timeout.
 """
 
@@ -16,14 +20,15 @@ from collections.abc import Callable
 
 import httpx
 
-from backend.engine_api import ChatResult, ask, fetch_metrics, per_engine
+from backend.engine_api import KINDS, PAGE_SAMPLING, ChatResult, Kind, fetch_metrics, per_engine, request
 from backend.errors import WarmupError
 from backend.measure.prompts import LONG_CAP, count_tokens, prompt_of, sized_prompt, tokens_per_word
-from backend.runtime.status import WarmupRecord
+from backend.runtime.status import KindWarmth, WarmupRecord
 from config.plan import Plan
 
 REPLY_TOKENS = 16
 MAX_ROUNDS = 6
+STEADY_PER_KIND = 2
 
 
 def _median(values: list[float]) -> float:
@@ -37,6 +42,7 @@ async def warm_up(
     *,
     users: int,
     prompt_tokens: int,
+    sampling: dict[str, float] | None = None,
     api_key: str | None = None,
     on_progress: Callable[[str, float], None] | None = None,
 ) -> WarmupRecord:
@@ -47,21 +53,26 @@ async def warm_up(
     timeout = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=600.0)
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        sampled = sampling or PAGE_SAMPLING
 
-        async def one(shape: str, words: int, stream: bool = True) -> ChatResult:
-            res = await ask(
-                client, base_url, model, prompt_of(words), max_tokens=REPLY_TOKENS, stream=stream, api_key=api_key
+        async def one(shape: str, words: int, kind: Kind = KINDS[0]) -> ChatResult:
+            res = await request(
+                client,
+                base_url,
+                model,
+                kind,
+                prompt_of(words),
+                max_tokens=REPLY_TOKENS,
+                sampling=sampled,
+                api_key=api_key,
             )
             results.append((shape, res))
             if not res.ok:
-                raise WarmupError(
-                    f"warm-up request ({shape}, {'stream' if stream else 'no stream'}) failed: "
-                    f"{res.error or 'no tokens'}"
-                )
+                raise WarmupError(f"warm-up request ({shape}, {kind.name}) failed: {res.error or 'no tokens'}")
             return res
 
         say("first request", 0.0)
-        first = await one("first", 12)
+        firsts = {kind.name: await one("first", 12, kind) for kind in KINDS}
         long_tokens = min(plan.max_model_len - REPLY_TOKENS - 64, LONG_CAP[plan.device])
         medium_tokens = min(prompt_tokens, long_tokens)
         per_word = await tokens_per_word(client, base_url, model, api_key)
@@ -71,15 +82,21 @@ async def warm_up(
         shapes = [("short", 12), ("medium", med_words), ("long", long_words)]
         for i, (shape, words) in enumerate(shapes):
             say(f"{shape} prompt", 0.1 + 0.1 * i)
-            await one(shape, words, stream=True)
-            await one(shape, words, stream=False)
+            for kind in KINDS:
+                await one(shape, words, kind)
 
         concurrency = max(1, min(plan.max_num_seqs, max(users, 2 * plan.data_parallel_size)))
+        # a full prefill chunk of concurrent medium prompts (the first bench level's cold tail)
+        chunk = max(1, min(plan.max_num_seqs, plan.max_num_batched_tokens // max(med_n, 1)))
+        say(f"{chunk} concurrent medium prompts", 0.35)
+        await asyncio.gather(*(one("prefill", med_words, KINDS[j % len(KINDS)]) for j in range(chunk)))
         replicas_seen: list[str] = []
         rounds: list[list[float]] = []
         for rnd in range(MAX_ROUNDS):
             say(f"{concurrency} concurrent requests (round {rnd + 1})", 0.4 + 0.1 * rnd)
-            batch = await asyncio.gather(*(one("concurrent", 12 + j % 3 * med_words // 3) for j in range(concurrency)))
+            batch = await asyncio.gather(
+                *(one("concurrent", 12 + j % 3 * med_words // 3, KINDS[j % len(KINDS)]) for j in range(concurrency))
+            )
             rounds.append([r.ttft_s or 0.0 for r in batch])
             replicas_seen = await _replicas_served(client, base_url)
             every_replica = len(replicas_seen) >= plan.data_parallel_size
@@ -92,10 +109,17 @@ async def warm_up(
             )
 
         say("steady state", 0.95)
-        steady = [await one("steady", 12) for _ in range(3)]
+        steadies = {kind.name: [await one("steady", 12, kind) for _ in range(STEADY_PER_KIND)] for kind in KINDS}
 
-    steady_ttft = _median([r.ttft_s or 0.0 for r in steady])
-    first_ttft = first.ttft_s or 0.0
+    by_kind = {
+        name: KindWarmth(
+            first_ttft_s=round(firsts[name].ttft_s or 0.0, 4),
+            steady_ttft_s=round(_median([r.ttft_s or 0.0 for r in steadies[name]]), 4),
+        )
+        for name in firsts
+    }
+    page = by_kind[KINDS[0].name]
+    steady_ttft, first_ttft = page.steady_ttft_s, page.first_ttft_s
     by_shape: dict[str, dict[str, float]] = {}
     for shape, res in results:
         entry = by_shape.setdefault(shape, {"requests": 0, "max_ttft_s": 0.0})
@@ -114,6 +138,7 @@ async def warm_up(
         replicas=plan.data_parallel_size,
         replicas_warmed=replicas_seen,
         by_shape=by_shape,
+        by_kind=by_kind,
         duration_s=round(time.perf_counter() - t0, 2),
     )
 
