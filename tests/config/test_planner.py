@@ -18,7 +18,8 @@ import pytest
 from config.hardware import Hardware, list_profiles, load_profile
 from config.model import ModelSpec, read_model
 from config.plan import GIB, Plan
-from config.planner import PlanError, make_plan, valid_tp_sizes
+from config.planner import PlanError, make_plan
+from config.rules.parallel import valid_tp_sizes
 from config.settings import WorkloadSettings
 
 ROOT = Path(__file__).resolve().parents[2]
