@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from config.errors import ModelReadError, PlanError
 from config.model.params import count_params
 
 Dtype = Literal["bfloat16", "float16", "float32"]
@@ -66,9 +67,9 @@ class ModelSpec(BaseModel):
     def _derive(self) -> ModelSpec:
         """Fill param_count from the shape, so a hand-built spec is consistent by default."""
         if self.num_experts and self.experts_per_token > self.num_experts:
-            raise ValueError(f"experts_per_token={self.experts_per_token} exceeds num_experts={self.num_experts}")
+            raise ModelReadError(f"experts_per_token={self.experts_per_token} exceeds num_experts={self.num_experts}")
         if self.num_moe_layers > self.num_layers:
-            raise ValueError(f"num_moe_layers={self.num_moe_layers} exceeds num_layers={self.num_layers}")
+            raise ModelReadError(f"num_moe_layers={self.num_moe_layers} exceeds num_layers={self.num_layers}")
         if "param_count" not in self.model_fields_set:
             self.__dict__["param_count"] = count_params(self)
         return self
@@ -125,7 +126,7 @@ class ModelSpec(BaseModel):
         and MLA models (DeepSeek) are not modelled.
         """
         if tp < 1 or pp < 1:
-            raise ValueError(f"tp and pp must be >= 1, got tp={tp} pp={pp}")
+            raise PlanError(f"tp and pp must be >= 1, got tp={tp} pp={pp}")
         layers = math.ceil(self.num_layers / pp)
         heads = max(1, self.num_kv_heads // tp)
         width = kv_dtype_bytes if kv_dtype_bytes is not None else self.dtype_bytes
