@@ -227,6 +227,11 @@ def choose_replicas(draft: Draft, hardware: Hardware, tp: int, pp: int, gpn: int
         dp = draft.set("data_parallel_size", 1, "one engine spans the nodes")
     else:
         spare = gpn // (tp * pp)
+        if spare == 0 and "data_parallel_size" not in draft.pins:
+            raise PlanError(
+                f"tensor_parallel_size={tp}, pipeline_parallel_size={pp}: TP x PP = {tp * pp} GPUs and this node "
+                f"has {gpn}; valid on this hardware: TP x PP of at most {gpn}"
+            )
         dp = draft.set(
             "data_parallel_size",
             spare,
