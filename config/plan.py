@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from config.errors import PlanError
 
 ExecutorBackend = Literal["uni", "mp", "ray"]
 Device = Literal["cuda", "cpu"]
@@ -104,6 +106,21 @@ class Plan(BaseModel):
     pinned: list[str] = Field(default_factory=list)
     commands: list[Command] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> Self:
+        """What must hold between the values, so a plan read back from JSON is checked too."""
+        for problem in _cross_field_problems(self):
+            raise PlanError(problem)
+        return self
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str = "plan") -> Plan:
+        """A plan from ``plan --json`` output; PlanError naming ``where``, the key and the fix."""
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as err:
+            raise PlanError(f"{where}: {plan_error(err)}") from None
+
     @property
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
@@ -143,3 +160,80 @@ PINNABLE = (
     "async_scheduling",
     "engine_core_nice",
 )
+
+
+def _cross_field_problems(plan: Plan) -> list[str]:
+    """Each broken rule between the plan's values, with what to do instead; empty when consistent.
+
+    The first four are the planner's own last checks (their order and words are the planner's);
+    the rest always hold for a plan the planner made, and catch one edited or made elsewhere.
+    """
+    tp, pp, dp = plan.tensor_parallel_size, plan.pipeline_parallel_size, plan.data_parallel_size
+    world = tp * pp
+    backend = plan.distributed_executor_backend
+    out: list[str] = []
+    if plan.nodes > 1 and backend != "ray":
+        out.append(f"distributed_executor_backend={backend}: a plan over {plan.nodes} nodes needs 'ray'")
+    if backend == "uni" and world > 1:
+        out.append(
+            f"distributed_executor_backend=uni: TP x PP = {world} workers need 'mp' (one node) or 'ray'; valid: mp, ray"
+        )
+    have = len(plan.gpus) * plan.nodes
+    if plan.device == "cuda" and world * dp > have:
+        out.append(f"TP={tp} x PP={pp} x DP={dp} needs {world * dp} GPUs; this hardware has {have}")
+    if plan.max_num_batched_tokens < plan.max_num_seqs:
+        out.append(
+            f"max_num_batched_tokens={plan.max_num_batched_tokens} is below max_num_seqs={plan.max_num_seqs}; "
+            "vLLM needs at least one token per sequence per step"
+        )
+    if plan.device == "cpu":
+        if (tp, pp, dp, plan.nodes) != (1, 1, 1, 1):
+            out.append(
+                f"device=cpu with TP={tp} x PP={pp} x DP={dp} on {plan.nodes} node(s): the CPU engine runs one "
+                "process on one node; set all four to 1"
+            )
+        if plan.gpus:
+            out.append(f"device=cpu names gpus {plan.gpus}: a CPU plan uses none; set gpus to []")
+        if plan.gpu_memory_utilization is not None:
+            out.append(
+                "device=cpu with gpu_memory_utilization: a CPU plan sizes its KV cache with cpu_kv_cache_space_gib; "
+                "drop gpu_memory_utilization"
+            )
+        if plan.cpu_kv_cache_space_gib is None:
+            out.append("device=cpu without cpu_kv_cache_space_gib: set it (GiB of RAM for the KV cache)")
+    else:
+        if len(set(plan.gpus)) != len(plan.gpus):
+            out.append(f"gpus={plan.gpus}: a GPU plan names each GPU it uses on a node once; re-plan with `plan`")
+        elif tp > len(plan.gpus):
+            out.append(
+                f"tensor_parallel_size={tp}: TP runs inside one node and the plan names {len(plan.gpus)} GPUs "
+                f"per node; valid: at most {len(plan.gpus)}"
+            )
+        if plan.gpu_memory_utilization is None:
+            out.append("device=cuda without gpu_memory_utilization: set it (the share of each GPU's memory, 0-1]")
+        if plan.cpu_kv_cache_space_gib is not None:
+            out.append(
+                "device=cuda with cpu_kv_cache_space_gib: that sizes the CPU engine's KV cache; on GPUs it is "
+                "gpu_memory_utilization; drop cpu_kv_cache_space_gib"
+            )
+    if plan.max_model_len != plan.memory.max_model_len:
+        out.append(
+            f"max_model_len={plan.max_model_len} but memory.max_model_len={plan.memory.max_model_len}: the memory "
+            "arithmetic was made for another context; re-plan with `plan`"
+        )
+    elif plan.memory.kv_tokens < plan.max_model_len:
+        out.append(
+            f"max_model_len={plan.max_model_len}: the KV cache holds only {plan.memory.kv_tokens:,} tokens per "
+            f"replica; use a context of at most {plan.memory.kv_tokens:,}"
+        )
+    return out
+
+
+def plan_error(err: ValidationError) -> PlanError:
+    """The first problem pydantic found, as a PlanError: a cross-field rule's own, or key: message."""
+    first = err.errors()[0]
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, PlanError):
+        return cause
+    key = ".".join(str(part) for part in first["loc"]) or "plan"
+    return PlanError(f"{key}: {first['msg']}")

