@@ -11,9 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from backend.errors import EngineNotReady
+from backend.errors import EngineNotReady, PlanError
 from backend.runtime.status import EngineStatus, WarmupRecord, read_status, write_status
 from config.plan import Plan
 
@@ -65,10 +63,11 @@ class RunDir:
     def require_plan(self) -> Plan:
         """The plan, or EngineNotReady naming the file and what is wrong with it."""
         try:
-            return Plan.model_validate_json(self.plan_path.read_text())
-        except (OSError, ValidationError, ValueError) as err:
-            first = str(err).splitlines()[0]
-            raise EngineNotReady(f"cannot read the running plan {self.plan_path}: {first}") from None
+            return Plan.from_json(self.plan_path.read_text(), where=str(self.plan_path))
+        except OSError as err:
+            raise EngineNotReady(f"cannot read the running plan {self.plan_path}: {err.strerror}") from None
+        except PlanError as err:
+            raise EngineNotReady(f"cannot use the running plan: {err}") from None
 
     def plan_values(self) -> dict[str, Any]:
         """The plan as shown to people (``plan --json``'s shape); empty when there is none."""

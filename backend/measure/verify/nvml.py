@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
 from backend.measure.verify.checks import GPUReading, LinkReading
 from config.hardware import visible_indexes
+from config.hardware.nvml import device_handles, load_nvml, p2p_nvlinked, pcie_link
 from config.plan import Plan
 
 SAMPLE_INTERVAL_S = 0.05
@@ -22,24 +23,9 @@ def read_gpu(nvml: Any, handle: Any, index: int) -> GPUReading:
     return GPUReading(index, sorted({int(p.pid) for p in procs}), int(memory.used), int(memory.total))
 
 
-def load_nvml() -> tuple[Any | None, str]:
-    """pynvml, initialised, or None and why not."""
-    try:
-        import pynvml
-    except ImportError:
-        return None, "nvidia-ml-py is not installed"
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as err:
-        return None, f"NVML unavailable ({err})"
-    return pynvml, ""
-
-
 def gpu_handles(nvml: Any, cuda_indexes: Sequence[int], cuda_visible_devices: str | None) -> dict[int, Any]:
     """Plan (CUDA) index -> NVML handle, honouring ``CUDA_VISIBLE_DEVICES`` as detection does."""
-    count = nvml.nvmlDeviceGetCount()
-    handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-    uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles]
+    handles, uuids = device_handles(nvml)
     visible = visible_indexes(cuda_visible_devices, uuids)
     missing = [i for i in cuda_indexes if i >= len(visible)]
     if missing:
@@ -49,34 +35,16 @@ def gpu_handles(nvml: Any, cuda_indexes: Sequence[int], cuda_visible_devices: st
 
 def read_link(nvml: Any, handle: Any, index: int, peers: Sequence[int], handles: dict[int, Any]) -> LinkReading:
     """PCIe figures and NVLink peers (among ``peers``) of one GPU."""
-
-    def optional(query: Callable[[Any], Any]) -> int | None:
-        try:
-            value = query(handle)
-        except nvml.NVMLError:
-            return None
-        return int(value) if isinstance(value, int) and value > 0 else None
-
-    linked = []
-    caps = getattr(nvml, "NVML_P2P_CAPS_INDEX_NVLINK", None)
-    for peer in peers:
-        if caps is None or peer == index:
-            continue
-        with suppress(nvml.NVMLError):
-            if nvml.nvmlDeviceGetP2PStatus(handle, handles[peer], caps) == nvml.NVML_P2P_STATUS_OK:
-                linked.append(peer)
+    linked = [p for p in peers if p != index and p2p_nvlinked(nvml, handle, handles[p])]
+    link = pcie_link(nvml, handle)
     return LinkReading(
         index=index,
-        pcie_gen=optional(nvml.nvmlDeviceGetCurrPcieLinkGeneration),
-        pcie_width=optional(nvml.nvmlDeviceGetCurrPcieLinkWidth),
-        pcie_gen_max=optional(nvml.nvmlDeviceGetMaxPcieLinkGeneration),
-        pcie_width_max=optional(nvml.nvmlDeviceGetMaxPcieLinkWidth),
+        pcie_gen=link.gen,
+        pcie_width=link.width,
+        pcie_gen_max=link.gen_max,
+        pcie_width_max=link.width_max,
         nvlink_peers=linked,
     )
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 class Sampler:
