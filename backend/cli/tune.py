@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 
 from backend.cli.options import add_client_processes, add_engine_port, add_plan_options
 from backend.measure.tune.run import DEFAULT_BUDGET_S, DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_TOKENS, TuneOptions, run_tune
@@ -29,16 +30,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     unwind_on_signals()
-    options = TuneOptions(
-        objective_ms=args.objective_ms,
-        concurrency=args.concurrency,
-        requests=args.requests,
-        max_tokens=args.max_tokens,
-        client_processes=args.client_processes,
-        max_candidates=args.max_candidates,
-        time_budget_s=args.time_budget_s,
-        engine_port=args.engine_port,
-        out=args.out,
-        dry_run=args.dry_run,
-    )
+    options = TuneOptions(**{f.name: getattr(args, f.name) for f in fields(TuneOptions)})
     return run_tune(settings, options)
