@@ -8,9 +8,14 @@ Started by ``bench-page`` with the project's ``.chainlit/config.toml`` (same soc
 import chainlit as cl
 
 
+@cl.on_chat_start
+async def start() -> None:
+    """Nothing to set up; Chainlit still marks the chat started, which clients wait for."""
+
+
 @cl.on_message
 async def echo(message: cl.Message) -> None:
-    reply = cl.Message(content="")
+    reply = cl.Message(content="", metadata={"in_reply_to": message.id})  # as the page marks its replies
     await reply.send()
     await reply.stream_token("echo")
     await reply.update()

@@ -15,6 +15,7 @@ from support.services import ROOT, Engine, backend_env
 from backend.measure.bench import BenchRow, cap_levels, page_added_ttft
 from backend.measure.levels import Load, Target, measure_level, measure_page_level
 from backend.measure.stats import Level
+from backend.runtime.up import ChatPage
 
 
 def has_matplotlib() -> bool:
@@ -149,3 +150,24 @@ def test_page_level_through_the_chat_page(engine: Engine, chainlit_app: Any) -> 
     assert row["output_tokens_per_s"] > 0
     assert 0 < row["tokens_per_request_mean"] <= 16
     assert "client_busy" not in row, "measured on the direct path only"
+
+
+def test_bench_page_measures_the_page_against_direct_and_the_echo_floor(
+    engine: Engine, chainlit_app: ChatPage, tmp_path: Path
+) -> None:
+    argv = [sys.executable, "-m", "backend", "bench-page", "--page", chainlit_app.url, "--concurrency", "1,2"]
+    argv += ["--rounds", "2", "--max-tokens", "8", "--out", str(tmp_path)]
+    done = subprocess.run(argv, cwd=ROOT, env=backend_env(engine.run_dir), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    levels = json.loads((tmp_path / "page.json").read_text())["levels"]
+    assert [lv["concurrency"] for lv in levels] == [1, 2]
+    for lv in levels:
+        for path in ("direct", "page", "echo"):
+            figures = lv["paths"][path]
+            assert figures["requests"] == 2 * lv["concurrency"] and figures["errors"] == 0, (path, figures)
+            assert figures["ttft_p50_ms"] > 0
+        assert lv["echo_floor_ms"] == lv["paths"]["echo"]["ttft_p50_ms"]
+        assert lv["page_added_ttft_ms"] == round(
+            lv["paths"]["page"]["ttft_p50_ms"] - lv["paths"]["direct"]["ttft_p50_ms"], 2
+        )
+    assert "page adds" in done.stdout

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from support.services import ROOT, BackendProcess, Engine, backend_env
 
-from backend.engine_api import chat, fetch_metrics, total
+from backend.engine_api import KINDS, chat, fetch_metrics, total
 from backend.runtime.logwatch import FATALS, LogState
 from backend.runtime.process import free_port, group_processes
 from backend.runtime.serve import ENGINE_CORE_TITLE
@@ -73,7 +73,12 @@ def test_warmup_record_has_first_against_steady_ttft(engine: Engine) -> None:
     record = json.loads((engine.run_dir / "warmup.json").read_text())
     assert record["first_ttft_s"] > 0 and record["steady_ttft_s"] > 0
     assert record["requests"] >= 10 and record["replicas_warmed"] == ["0"]
-    assert set(record["by_shape"]) >= {"first", "short", "medium", "long", "concurrent", "steady"}
+    assert set(record["by_shape"]) >= {"first", "short", "medium", "long", "prefill", "concurrent", "steady"}
+    # every request path a user can take was warmed, the page's own (chat, streamed, sampled) first
+    assert set(record["by_kind"]) == {k.name for k in KINDS} and len(KINDS) == 8
+    assert all(w["first_ttft_s"] > 0 and w["steady_ttft_s"] > 0 for w in record["by_kind"].values())
+    page = record["by_kind"]["chat/stream/sampled"]
+    assert (record["first_ttft_s"], record["steady_ttft_s"]) == (page["first_ttft_s"], page["steady_ttft_s"])
     assert record["prompt_tokens"]["long"] > record["prompt_tokens"]["medium"] > record["prompt_tokens"]["short"]
 
 
