@@ -149,7 +149,9 @@ async def answer(text: str, reply_to: str, t0: float) -> None:
         sampling = Sampling.from_values(cl.user_session.get("chat_settings") or {}, settings)
         fitted = await link.fit(target, history, text, sampling)
         sent = bool(await reply.send())
-        await stream_reply(link, target, fitted.messages, sampling, reply.stream_token, result, t0)
+        await stream_reply(
+            link, target, fitted.messages, sampling, reply.stream_token, result, t0, cl.context.session.id
+        )
     except asyncio.CancelledError:  # Stop: the engine's stream is closed already; keep what was said
         await waiting.close("Stopped waiting for the engine.")
         if result.text:

@@ -35,8 +35,16 @@ def root_url(base_url: str) -> str:
     return base_url.rstrip("/").removesuffix("/v1")
 
 
-def headers(api_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+SESSION_HEADER = "x-session-id"
+"""The router keeps every request carrying the same value on one engine (its prefix cache)."""
+
+
+def headers(api_key: str | None, session: str | None = None) -> dict[str, str]:
+    """Auth, and the conversation's id for the router (``session``: one per chat or simulated user)."""
+    out = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    if session:
+        out[SESSION_HEADER] = session
+    return out
 
 
 @dataclass
@@ -127,16 +135,16 @@ async def _timed(
     client: httpx.AsyncClient,
     url: str,
     body: dict[str, Any],
-    api_key: str | None,
+    hdrs: dict[str, str],
     whole: Callable[[dict[str, Any]], str],
 ) -> ChatResult:
-    """POST ``body`` and time the answer; ``whole`` reads a non-streamed answer's text. Never
+    """POST ``body`` with ``hdrs`` and time the answer; ``whole`` reads a non-streamed answer's text. Never
     raises on HTTP errors: they are in ``error``."""
     res = ChatResult()
     t0 = time.perf_counter()
     try:
         if not body.get("stream"):
-            r = await client.post(url, json=body, headers=headers(api_key))
+            r = await client.post(url, json=body, headers=hdrs)
             res.total_s = res.ttft_s = time.perf_counter() - t0
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {r.text[:300]}"
@@ -146,7 +154,7 @@ async def _timed(
             res.finish_reason = data["choices"][0].get("finish_reason")
             res.tokens = data.get("usage", {}).get("completion_tokens", 0)
             return res
-        async with client.stream("POST", url, json=body, headers=headers(api_key)) as r:
+        async with client.stream("POST", url, json=body, headers=hdrs) as r:
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread()).decode()[:300]}"
                 return res
@@ -168,11 +176,12 @@ async def chat(
     stream: bool = True,
     api_key: str | None = None,
     extra: dict[str, Any] | None = None,
+    session: str | None = None,
 ) -> ChatResult:
     """One chat completion against ``{base_url}/chat/completions``."""
     body = chat_body(model, messages, max_tokens=max_tokens, stream=stream, **(extra or {}))
     url = f"{base_url.rstrip('/')}/chat/completions"
-    return await _timed(client, url, body, api_key, lambda choice: choice["message"]["content"])
+    return await _timed(client, url, body, headers(api_key, session), lambda choice: choice["message"]["content"])
 
 
 async def complete(
@@ -185,6 +194,7 @@ async def complete(
     stream: bool = True,
     api_key: str | None = None,
     extra: dict[str, Any] | None = None,
+    session: str | None = None,
 ) -> ChatResult:
     """One plain completion against ``{base_url}/completions`` (no chat template)."""
     body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
@@ -192,7 +202,7 @@ async def complete(
     if stream:
         body["stream_options"] = {"include_usage": True}
     url = f"{base_url.rstrip('/')}/completions"
-    return await _timed(client, url, body, api_key, lambda choice: choice.get("text", ""))
+    return await _timed(client, url, body, headers(api_key, session), lambda choice: choice.get("text", ""))
 
 
 @dataclass(frozen=True)
@@ -246,8 +256,10 @@ async def ask(
     max_tokens: int,
     api_key: str | None = None,
     stream: bool = True,
+    session: str | None = None,
 ) -> ChatResult:
-    """One user message with a reply of exactly ``max_tokens`` (``ignore_eos``): load for measuring."""
+    """One user message with a reply of exactly ``max_tokens`` (``ignore_eos``): load for measuring.
+    ``session``: a simulated user's id, so that the router spreads users, not requests."""
     return await chat(
         client,
         base_url,
@@ -257,6 +269,7 @@ async def ask(
         stream=stream,
         api_key=api_key,
         extra={"ignore_eos": True},
+        session=session,
     )
 
 

@@ -60,5 +60,6 @@ def plan_for(settings: Settings, model_path: str | Path | None = None) -> Planne
         port=settings.engine.port,
         api_key=settings.engine.api_key,
         all_gpus=hardware.gpus_per_node,
+        cores=hardware.node.cpu_cores,
     )
     return Planned(hardware=hardware, model=model, plan=plan, notes=notes)

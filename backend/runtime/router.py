@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from backend.engine_api import SESSION_HEADER
 from backend.errors import EngineStartError
 from backend.runtime.process import EngineProcess, log_tail, port_in_use
 
@@ -40,10 +41,9 @@ DEFAULT_POLICY = "sticky_least_loaded"
 POLICIES = ("sticky_least_loaded", "consistent_hash", "round_robin")
 """The ``vllm-router --policy`` values allowed here. Its default, ``cache_aware``, is left out: in
 0.1.17 it wants token ids an HTTP router does not have, and sent every request to one engine."""
-SESSION_HEADER = "x-session-id"
-"""The header the router keys a conversation on (first of its session headers). Send it on every
-request of a conversation (page: the chat session; bench/verify: one per simulated user).
-Without it a request is not sticky, and ``x-request-id`` would be taken as a session instead."""
+# The header the router keys a conversation on (first of its session headers): every request of a
+# conversation sends it (page: the chat session; bench: one per simulated user). Without it a
+# request is not sticky, and ``x-request-id`` would be taken as a session instead.
 
 
 class RouterError(EngineStartError):

@@ -1,7 +1,10 @@
-"""``serve``: plan, start vLLM, follow its log, gate readiness on health + warm-up, then watch.
+"""``serve``: plan, start vLLM (several engines and the router when the plan says so), follow
+the logs, gate readiness on health + warm-up, then watch.
 
-The engine is ready only after /health answers, /v1/models lists the model and the
-warm-up has passed. The status file tells every other process where things stand.
+The engine is ready only after /health answers, /v1/models lists the model and the warm-up
+has passed; a routed plan's engines start one after another, each healthy and warmed before
+the next, then the router in front of them takes the engine port. The status file tells every
+other process where things stand, the router's engines included.
 """
 
 from __future__ import annotations
@@ -16,37 +19,44 @@ from pathlib import Path
 
 import httpx
 
-from backend.engine_api import engine_url, headers, root_url
+from backend.engine_api import engine_url
+from backend.errors import EngineStartError
 from backend.runtime.cluster import RayHead, worker_lines
 from backend.runtime.display import DEMO_BANNER, Display
-from backend.runtime.logwatch import LogState
-from backend.runtime.process import EngineProcess, EngineStartError, port_in_use
+from backend.runtime.engines import ENGINE_CORE_TITLE, Engine
+from backend.runtime.logwatch import Phase
+from backend.runtime.process import EngineProcess, port_in_use
 from backend.runtime.resolve import ResolvedModel, resolve_model
+from backend.runtime.router import Router, RouterConfig, RouterError, Worker
 from backend.runtime.rundir import RunDir
 from backend.runtime.status import EngineStatus, WarmupRecord
 from backend.runtime.warmup import WarmupError, warm_up
-from config.commands import engine_argv, engine_env
+from config.commands import engine_argv, engine_env, engine_port, router_metrics_port
 from config.pipeline import Planned, plan_for
 from config.plan import Plan
 from config.settings import Settings
 
-ENGINE_CORE_TITLE = "VLLM::EngineCor"  # vLLM's process title "VLLM::EngineCore…", as Linux keeps 15 chars
+ROUTER_CHECK_S = 5.0
+"""How often ``serve`` asks the router about its engines (for ``status``) while it runs."""
 
 
 class Server:
-    """One engine from start to stop; ``up`` drives it and the chat page together."""
+    """The plan's engines (and the router in front of several) from start to stop; ``up`` drives
+    it and the chat page together."""
 
     def __init__(self, settings: Settings, say: Callable[[str], None] = print) -> None:
         self.settings = settings
         self.say = say
         self.run_dir = RunDir(settings.engine.run_dir)
         self.status = EngineStatus(pid=os.getpid(), log_path=str(self.run_dir.log_path))
-        self.engine: EngineProcess | None = None
+        self.engines: list[Engine] = []
+        self.router: Router | None = None
         self.ray: RayHead | None = None
         self.planned: Planned | None = None
         self.resolved: ResolvedModel | None = None
         self.t0 = time.monotonic()
         self.display = Display(self.t0)
+        self._checked_router = 0.0
 
     # -- status --------------------------------------------------------------------------
     def update(self, state: str | None = None, detail: str | None = None, progress: float | None = None) -> None:
@@ -66,7 +76,13 @@ class Server:
 
     @property
     def base_url(self) -> str:
+        """Where clients go: the router when there is one, else the one engine."""
         return engine_url(self.settings.engine.host, self.settings.engine.port)
+
+    @property
+    def engine(self) -> EngineProcess | None:
+        """The first engine's process (the only one without a router)."""
+        return self.engines[0].process if self.engines else None
 
     # -- start ---------------------------------------------------------------------------
     def start(self) -> bool:
@@ -99,49 +115,69 @@ class Server:
         self.status.notes.extend(self.planned.notes + plan.warnings)
         for note in self.planned.notes:
             self.say(f"note: {note}")
-
-        argv = engine_argv(plan, python=e.python, model_path=self.resolved.path, host=e.host, port=e.port)
-        argv += e.extra_args
-        env = engine_env(plan, self.planned.hardware.gpus_per_node, os.environ.get("CUDA_VISIBLE_DEVICES"))
-        if e.api_key:
-            env["VLLM_API_KEY"] = e.api_key
         self.run_dir.write_plan(plan)
-        self.engine = EngineProcess(argv, env, self.run_dir.log_path, cwd=self.run_dir.path)
+        self.engines = self._engines(plan, self.resolved.path)
+        self.status.log_path = str(self.engines[0].log_path)
         self.display.done()
         self.say(f"plan: {plan.summary()}; engine log: {self.status.log_path}")
-        self.say("engine: " + " ".join(argv))
         launch = time.monotonic()
         try:
             if plan.nodes > 1:
                 self._start_cluster(plan)
-            self.engine.start()
+            for i, engine in enumerate(self.engines):  # one after another: measured safer on one GPU
+                self.say(f"{engine.name}: " + " ".join(engine.argv))
+                engine.start()
+                if i == 0:
+                    self.status.engine_pid = engine.pid
+                self.update("starting", f"launching vLLM ({engine.name})" if plan.routed else "launching vLLM", 0.04)
+                engine.wait_healthy(plan.served_name, e.api_key, e.start_timeout_s, self._on_phase)
+                self._lower_engine_core(engine, plan)
         except EngineStartError as err:
+            self._stop_engines()
             self.fail(str(err))
             return False
-        self.status.engine_pid = self.engine.pid
-        self.update("starting", "launching vLLM", 0.04)
-        if not self._wait_healthy():
-            return False
         to_health = time.monotonic() - launch
-        self._lower_engine_core(plan)
         warm_t0 = time.monotonic()
         if not self._warm_up():
+            return False
+        if plan.routed and not self._start_router(plan):
             return False
         self.status.startup = {
             "to_health_s": round(to_health, 1),
             "warmup_s": round(time.monotonic() - warm_t0, 1),
             "total_s": round(time.monotonic() - self.t0, 1),
-            **(self._log.splits or {}),
+            **(self.engines[0].log.splits or {}),
         }
         self.update("ready", f"ready: {plan.summary()}", 1.0)
         self.display.done()
         return True
 
-    def _lower_engine_core(self, plan: Plan) -> None:
+    def _engines(self, plan: Plan, model_path: str) -> list[Engine]:
+        """The plan's servers: one on the engine port, or one per GPU group and share behind the router."""
+        e = self.settings.engine
+        assert self.planned is not None
+        hw = self.planned.hardware
+        outer = os.environ.get("CUDA_VISIBLE_DEVICES")
+        out = []
+        for i in range(plan.engine_count):
+            port = engine_port(e.port, i) if plan.routed else e.port
+            argv = engine_argv(plan, python=e.python, model_path=model_path, host=e.host, port=port) + e.extra_args
+            index = i if plan.routed else None
+            env = engine_env(plan, hw.gpus_per_node, outer, index, hw.node.cpu_cores)
+            if e.api_key:
+                env["VLLM_API_KEY"] = e.api_key
+            name, log = (f"engine {i}", self.run_dir.path / f"engine-{i}.log") if plan.routed else ("engine", None)
+            out.append(Engine(name, argv, env, log or self.run_dir.log_path, self.run_dir.path, e.host, port))
+        return out
+
+    def _on_phase(self, phase: Phase) -> None:
+        self.update(phase.state, phase.label, phase.progress)
+
+    def _lower_engine_core(self, engine: Engine, plan: Plan) -> None:
         """Apply the plan's engine_core_nice; once healthy, the worker exists and keeps its priority."""
-        if not plan.engine_core_nice or self.engine is None:
+        if not plan.engine_core_nice:
             return
-        pids = self.engine.lower_priority(ENGINE_CORE_TITLE, plan.engine_core_nice)
+        pids = engine.lower_priority(plan.engine_core_nice)
         if pids:
             self.say(f"engine core (pid {', '.join(map(str, pids))}) at nice {plan.engine_core_nice}")
         else:
@@ -152,88 +188,45 @@ class Server:
             self.status.notes.append(note)
             self.say(f"note: {note}")
 
-    def _wait_healthy(self) -> bool:
-        assert self.engine is not None and self.planned is not None
-        self._log = LogState()
-        deadline = time.monotonic() + self.settings.engine.start_timeout_s
-        log_path = Path(self.status.log_path)
-        offset = 0
-        served = self.planned.plan.served_name
-        with httpx.Client(timeout=httpx.Timeout(2.0)) as http:
-            while time.monotonic() < deadline:
-                offset = self._read_log(log_path, offset)
-                if self._log.fatal:
-                    self.engine.stop()
-                    self.fail(f"{self._log.fatal.what}: {self._log.fatal.fix}  [log: {self._log.fatal_line[:200]}]")
-                    return False
-                code = self.engine.exit_code()
-                if code is not None:
-                    self._read_log(log_path, offset)
-                    self.engine.stop()
-                    self.fail(f"the engine exited during start-up (code {code}); last log lines:\n{self.engine.tail()}")
-                    return False
-                if self._log.phase and self._log.phase.key == "api" and self._healthy(http, served):
-                    return True
-                time.sleep(0.5)
-        self.engine.stop()
-        self.fail(
-            f"the engine was not healthy after {self.settings.engine.start_timeout_s:.0f} s "
-            f"(engine.start_timeout_s); see {log_path}"
-        )
-        return False
-
-    def _healthy(self, http: httpx.Client, served: str) -> bool:
+    def _start_router(self, plan: Plan) -> bool:
+        """The router on the engine port, in front of every (healthy, warmed) engine."""
+        e = self.settings.engine
+        workers = [Worker(url=g.root, name=g.name, log_path=g.log_path, process=g.process) for g in self.engines]
+        config = RouterConfig(workers=workers, port=e.port, host=e.host, metrics_port=router_metrics_port(plan, e.port))
+        self.router = Router(config, log_path=self.run_dir.path / "router.log", cwd=self.run_dir.path)
+        self.say("router: " + " ".join(self.router.argv))
+        self.update("warming", "starting the router", 0.99)
         try:
-            if http.get(f"{root_url(self.base_url)}/health").status_code != 200:
-                return False
-            models = http.get(f"{self.base_url}/models", headers=headers(self.settings.engine.api_key)).json()
-        except (httpx.HTTPError, ValueError):
+            self.router.start(worker_timeout_s=e.start_timeout_s)
+        except RouterError as err:
+            self._stop_engines()
+            self.fail(str(err))
             return False
-        return any(m.get("id") == served for m in models.get("data", []))
+        self._record_router()
+        return True
 
-    def _read_log(self, path: Path, offset: int) -> int:
-        try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return offset
-        end = chunk.rfind(b"\n") + 1
-        for raw in chunk[:end].decode(errors="replace").splitlines():
-            phase = self._log.feed(raw)
-            if phase:
-                self.update(phase.state, phase.label, phase.progress)
-        return offset + end
+    def _record_router(self) -> None:
+        if self.router is None:
+            return
+        report = self.router.status()
+        self.status.router = report["router"]
+        self.status.engines = report["engines"]
 
     def _warm_up(self) -> bool:
+        """Every engine, each straight (the router is not up yet); the first engine's record is kept."""
         assert self.planned is not None
         plan = self.planned.plan
         if not self.settings.engine.warmup:
             record = WarmupRecord(disabled=True)
         else:
             self.update("warming", "warming up", 0.92)
-
-            def progress(msg: str, frac: float) -> None:
-                self.update("warming", f"warm-up: {msg}", 0.92 + 0.07 * frac)
-
             try:
-                record = asyncio.run(
-                    warm_up(
-                        self.base_url,
-                        plan.served_name,
-                        plan,
-                        users=self.settings.workload.users,
-                        prompt_tokens=self.settings.workload.prompt_tokens,
-                        sampling={"temperature": self.settings.app.temperature, "top_p": self.settings.app.top_p},
-                        api_key=self.settings.engine.api_key,
-                        on_progress=progress,
-                    )
-                )
+                records = [self._warm(engine, plan) for engine in self.engines]
             except (WarmupError, httpx.HTTPError) as err:
-                assert self.engine is not None
-                self.engine.stop()
+                self._stop_engines()
                 self.fail(f"warm-up failed: {err}")
                 return False
+            record = records[0]
         self.status.warmup = record
         self.run_dir.write_warmup(record)
         if not record.disabled:
@@ -242,20 +235,81 @@ class Server:
                 f"warm-up: first request TTFT {record.first_ttft_s * 1000:.0f} ms, steady "
                 f"{record.steady_ttft_s * 1000:.0f} ms ({record.first_over_steady}x), "
                 f"{record.requests} requests in {record.duration_s:.1f} s"
+                + (f", on each of {len(self.engines)} engines" if plan.routed else "")
             )
         return True
 
+    def _warm(self, engine: Engine, plan: Plan) -> WarmupRecord:
+        def progress(msg: str, frac: float) -> None:
+            where = f"{engine.name}: " if plan.routed else ""
+            self.update("warming", f"warm-up: {where}{msg}", 0.92 + 0.07 * frac)
+
+        s = self.settings
+        return asyncio.run(
+            warm_up(
+                engine.base_url,
+                plan.served_name,
+                plan,
+                users=s.workload.users,
+                prompt_tokens=s.workload.prompt_tokens,
+                sampling={"temperature": s.app.temperature, "top_p": s.app.top_p},
+                api_key=s.engine.api_key,
+                on_progress=progress,
+                replicas=1 if plan.routed else None,
+            )
+        )
+
     # -- after ready ---------------------------------------------------------------------
     def check(self) -> bool:
-        """False (and status failed) once the engine has died."""
-        assert self.engine is not None
-        code = self.engine.exit_code()
-        if code is None:
-            return True
-        self.engine.stop()
-        self.fail(f"the engine exited unexpectedly (code {code}); last log lines:\n{self.engine.tail()}")
-        self.say(f"error: {self.status.error}")
-        return False
+        """False (and status failed) once serving has ended: the one engine or the router died.
+        Behind the router a dead engine is restarted (the router takes it out meanwhile and back
+        in once healthy); the reply it was streaming fails, nothing else."""
+        if not self.engines:
+            return False
+        if self.router is None:
+            engine = self.engines[0]
+            code = engine.exit_code()
+            if code is None:
+                return True
+            engine.stop()
+            self.fail(f"the engine exited unexpectedly (code {code}); last log lines:\n{engine.tail()}")
+            self.say(f"error: {self.status.error}")
+            return False
+        if not self.router.alive():
+            self._stop_engines()
+            self.fail(f"the router exited unexpectedly; last log lines:\n{self.router.tail()}")
+            self.say(f"error: {self.status.error}")
+            return False
+        for engine in self.engines:
+            code = engine.exit_code()
+            if code is not None:
+                self._restart(engine, code)
+        if time.monotonic() - self._checked_router >= ROUTER_CHECK_S:
+            self._checked_router = time.monotonic()
+            self._record_router()
+            self.run_dir.write_status(self.status)
+        return True
+
+    def _restart(self, engine: Engine, code: int) -> None:
+        assert self.planned is not None
+        plan, e = self.planned.plan, self.settings.engine
+        note = f"{engine.name} exited (code {code}); the router took it out; restarting it"
+        self.say(f"note: {note}")
+        self.status.notes.append(note)
+        self.run_dir.write_status(self.status)
+        try:
+            engine.restart()
+            engine.wait_healthy(plan.served_name, e.api_key, e.start_timeout_s)
+            self._lower_engine_core(engine, plan)
+            if e.warmup:
+                self._warm(engine, plan)
+            self.say(f"{engine.name} is back (restart {engine.restarts}); the router takes it in again")
+        except (EngineStartError, WarmupError, httpx.HTTPError) as err:
+            self.say(f"note: {engine.name} did not come back: {err}; the others serve")
+
+    def _stop_engines(self) -> None:
+        for engine in self.engines:
+            engine.stop()
 
     def _start_cluster(self, plan: Plan) -> None:
         """Ray head here, the worker line for every other node, then wait until all joined."""
@@ -269,8 +323,9 @@ class Server:
         self.ray.wait_for_workers(self.settings.engine.start_timeout_s, lambda msg: self.update(detail=msg))
 
     def stop(self) -> None:
-        if self.engine:
-            self.engine.stop()
+        if self.router:
+            self.router.stop()
+        self._stop_engines()
         if self.ray:
             self.ray.stop()
         if self.status.state != "failed":

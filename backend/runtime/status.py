@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -68,6 +68,10 @@ class EngineStatus(BaseModel):
     warmup: WarmupRecord | None = None
     startup: dict[str, float] | None = None
     """Seconds: launch to /health, warm-up, total; plus vLLM's own splits from its log."""
+    router: dict[str, Any] | None = None
+    """The router in front of several engines (url, pid, policy, ...), when the plan has one."""
+    engines: list[dict[str, Any]] = Field(default_factory=list)
+    """Behind the router: each engine's name, url, whether the router uses it, its own /health."""
     notes: list[str] = Field(default_factory=list)
     error: str | None = None
     log_path: str = ""

@@ -45,8 +45,12 @@ async def warm_up(
     sampling: dict[str, float] | None = None,
     api_key: str | None = None,
     on_progress: Callable[[str, float], None] | None = None,
+    replicas: int | None = None,
 ) -> WarmupRecord:
-    """Run the warm-up; the record it returns is saved beside the status. Raises WarmupError."""
+    """Run the warm-up; the record it returns is saved beside the status. Raises WarmupError.
+    ``replicas``: vLLM replicas behind ``base_url`` (default the plan's data_parallel_size; one
+    for each server of a routed plan)."""
+    replicas = replicas or plan.data_parallel_size
     say = on_progress or (lambda _msg, _frac: None)
     t0 = time.perf_counter()
     results: list[tuple[str, ChatResult]] = []
@@ -85,7 +89,7 @@ async def warm_up(
             for kind in KINDS:
                 await one(shape, words, kind)
 
-        concurrency = max(1, min(plan.max_num_seqs, max(users, 2 * plan.data_parallel_size)))
+        concurrency = max(1, min(plan.max_num_seqs, max(users, 2 * replicas)))
         # a full prefill chunk of concurrent medium prompts (the first bench level's cold tail)
         chunk = max(1, min(plan.max_num_seqs, plan.max_num_batched_tokens // max(med_n, 1)))
         say(f"{chunk} concurrent medium prompts", 0.35)
@@ -99,14 +103,12 @@ async def warm_up(
             )
             rounds.append([r.ttft_s or 0.0 for r in batch])
             replicas_seen = await _replicas_served(client, base_url)
-            every_replica = len(replicas_seen) >= plan.data_parallel_size
+            every_replica = len(replicas_seen) >= replicas
             stable = len(rounds) >= 2 and max(rounds[-1]) <= 2 * max(_median(rounds[-1]), 1e-3)
             if every_replica and stable:
                 break
-        if len(replicas_seen) < plan.data_parallel_size:
-            raise WarmupError(
-                f"only replicas {replicas_seen} answered during warm-up; {plan.data_parallel_size} were started"
-            )
+        if len(replicas_seen) < replicas:
+            raise WarmupError(f"only replicas {replicas_seen} answered during warm-up; {replicas} were started")
 
         say("steady state", 0.95)
         steadies = {kind.name: [await one("steady", 12, kind) for _ in range(STEADY_PER_KIND)] for kind in KINDS}
@@ -135,7 +137,7 @@ async def warm_up(
         concurrent_ttft_p50_s=round(_median(rounds[-1]), 4),
         rounds=len(rounds),
         prompt_tokens={"short": short_n, "medium": med_n, "long": long_n},
-        replicas=plan.data_parallel_size,
+        replicas=replicas,
         replicas_warmed=replicas_seen,
         by_shape=by_shape,
         by_kind=by_kind,

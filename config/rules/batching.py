@@ -57,10 +57,14 @@ def gpu_max_num_seqs(draft: Draft, workload: WorkloadSettings, seqs_fit: int, dp
         else f"room for 4x all {workload.users} users on each of the {dp} replicas, since vLLM's balancer "
         "does not split them evenly (measured: half that room queued requests on 2 x H200)"
     )
+    seqs_value = max(1, min(seqs_fit, want, cap))
+    if seqs_value >= 8:  # a batch size vLLM captures a CUDA graph for (its capture sizes step by 8)
+        seqs_value -= seqs_value % 8
     seqs: int = draft.set(
         "max_num_seqs",
-        max(1, min(seqs_fit, want, cap)),
-        f"per replica (not per GPU): {room} (at least {floor}, at most {cap} for '{workload.objective}'); "
+        seqs_value,
+        f"per replica (not per GPU): {room} (at least {floor}, at most {cap} for '{workload.objective}', "
+        "a multiple of 8: a CUDA-graph batch size); "
         f"KV holds {seqs_fit:,} sequences of {typical} tokens",
     )
     if seqs_fit < users_per_replica:

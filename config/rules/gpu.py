@@ -10,6 +10,7 @@ from config.model import ModelSpec
 from config.plan import GIB, Memory
 from config.rules.batching import gpu_max_num_batched_tokens, gpu_max_num_seqs, prefill_chunk
 from config.rules.dtype import as_served, gpu_dtype
+from config.rules.engines import gpu_engines, share_memory
 from config.rules.frontend import gpu_frontend
 from config.rules.memory import (
     CUDA_RUNTIME_RESERVE,
@@ -47,10 +48,13 @@ def plan_gpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
         draft, hardware, model, workload, usable, gpn, mnbt_guess, seqs_guess, min_tokens, smallest
     )
     dp = choose_replicas(draft, hardware, tp, pp, gpn)
+    engines = gpu_engines(draft, hardware, model, weights_per_gpu(model, tp, pp), tp * pp, dp, smallest)
+    if engines > 1:
+        usable = share_memory(draft, engines, smallest, weights_per_gpu(model, tp, pp))
 
-    # Memory arithmetic at the chosen split.
+    # Memory arithmetic at the chosen split, per engine.
     kv_per_token = model.kv_bytes_per_token(tp, pp)
-    users_per_replica = math.ceil(workload.users / dp)
+    users_per_replica = math.ceil(workload.users / (dp * engines))
     mnbt, mnbt_reason = prefill_chunk(workload.objective, smallest)
     mnbt = draft.pins.get("max_num_batched_tokens", mnbt)
     reserve = gpu_reserve(model, tp, pp, mnbt, draft.pins.get("max_num_seqs", 256))
@@ -60,9 +64,9 @@ def plan_gpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
     max_len = choose_max_len(draft, model, workload, kv, "the KV cache")
     seqs_fit = max(1, kv // typical)
 
-    seqs = gpu_max_num_seqs(draft, workload, seqs_fit, dp, users_per_replica)
+    seqs = gpu_max_num_seqs(draft, workload, seqs_fit, dp * engines, users_per_replica)
     gpu_max_num_batched_tokens(draft, mnbt, seqs, mnbt_reason)
-    gpu_frontend(draft, hardware, model, workload, dp)
+    gpu_frontend(draft, hardware, model, workload, dp, engines)
     gpu_engine_core_nice(draft, hardware)
     return Memory(
         device_bytes=smallest.memory_bytes,

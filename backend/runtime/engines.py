@@ -1,0 +1,130 @@
+"""One vLLM server of a plan: its process, its log's phases, its health, its priority.
+
+``serve`` starts one (a plan with one server) or several behind the router (a routed plan:
+``engines_per_gpu`` > 1), each through this class; a server is healthy once its log says the
+API is up, ``/health`` answers and ``/v1/models`` lists the model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from backend.engine_api import engine_url, headers, root_url
+from backend.errors import EngineStartError
+from backend.runtime.logwatch import LogState, Phase
+from backend.runtime.process import EngineProcess
+
+ENGINE_CORE_TITLE = "VLLM::EngineCor"  # vLLM's process title "VLLM::EngineCore…", as Linux keeps 15 chars
+
+
+class Engine:
+    """One vLLM OpenAI-compatible server and what is known of it."""
+
+    def __init__(
+        self, name: str, argv: list[str], env: dict[str, str], log_path: Path, cwd: Path, host: str, port: int
+    ) -> None:
+        self.name = name
+        self.argv, self.env, self.log_path, self.cwd = argv, env, log_path, cwd
+        self.host, self.port = host, port
+        self.process = EngineProcess(argv, env, log_path, cwd=cwd)
+        self.log = LogState()
+        self._offset = 0
+        self.restarts = 0
+
+    @property
+    def base_url(self) -> str:
+        return engine_url(self.host, self.port)
+
+    @property
+    def root(self) -> str:
+        return root_url(self.base_url)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def start(self) -> None:
+        self.log = LogState()
+        self._offset = 0
+        self.process.start()
+
+    def restart(self) -> None:
+        """A fresh process with the same command line (after it died)."""
+        self.process.stop()
+        self.process = EngineProcess(self.argv, self.env, self.log_path, cwd=self.cwd)
+        self.restarts += 1
+        self.start()
+
+    def exit_code(self) -> int | None:
+        return self.process.exit_code()
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def tail(self, n: int = 8) -> str:
+        return self.process.tail(n)
+
+    def read_log(self, on_phase: Callable[[Phase], None] | None = None) -> None:
+        """Feed new complete log lines to the phase watcher; ``on_phase`` on each phase change."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return
+        end = chunk.rfind(b"\n") + 1
+        for raw in chunk[:end].decode(errors="replace").splitlines():
+            phase = self.log.feed(raw)
+            if phase and on_phase:
+                on_phase(phase)
+        self._offset += end
+
+    def healthy(self, http: httpx.Client, served: str, api_key: str | None) -> bool:
+        try:
+            if http.get(f"{self.root}/health").status_code != 200:
+                return False
+            models = http.get(f"{self.base_url}/models", headers=headers(api_key)).json()
+        except (httpx.HTTPError, ValueError):
+            return False
+        return any(m.get("id") == served for m in models.get("data", []))
+
+    def wait_healthy(
+        self, served: str, api_key: str | None, timeout_s: float, on_phase: Callable[[Phase], None] | None = None
+    ) -> None:
+        """Until healthy; else stop it and raise EngineStartError saying why (a known fatal log line
+        with its fix, an exit with the log's tail, or the time-out)."""
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=httpx.Timeout(2.0)) as http:
+            while time.monotonic() < deadline:
+                self.read_log(on_phase)
+                if self.log.fatal:
+                    self.stop()
+                    raise EngineStartError(
+                        f"{self.log.fatal.what}: {self.log.fatal.fix}  [log: {self.log.fatal_line[:200]}]"
+                    )
+                code = self.exit_code()
+                if code is not None:
+                    self.read_log(on_phase)
+                    self.stop()
+                    raise EngineStartError(
+                        f"{self.label} exited during start-up (code {code}); last log lines:\n{self.tail()}"
+                    )
+                if self.log.phase and self.log.phase.key == "api" and self.healthy(http, served, api_key):
+                    return
+                time.sleep(0.5)
+        self.stop()
+        raise EngineStartError(
+            f"{self.label} was not healthy after {timeout_s:.0f} s (engine.start_timeout_s); see {self.log_path}"
+        )
+
+    @property
+    def label(self) -> str:
+        return "the engine" if self.name == "engine" else self.name
+
+    def lower_priority(self, nice: int) -> list[int]:
+        """The engine core's threads to ``nice``; their pids (empty when none was found)."""
+        return self.process.lower_priority(ENGINE_CORE_TITLE, nice)

@@ -1,0 +1,108 @@
+"""How many vLLM servers share each GPU group, and the memory share each one gets.
+
+For a small model on a big GPU the host side (API server, scheduler, detokenising: about one
+core per engine core) is the ceiling, not the GPU (about 9 % of its memory bandwidth at 128
+concurrent). Measured on one H200 with 16 cores, full-size ERNIE-4.5-0.3B shape, ``vllm bench
+serve`` 512 in / 128 out at 256 concurrent (BENCHMARKS.md, "Several engines on one GPU"): one
+engine 12-20k output tok/s; two engines of 0.42 of the memory each, behind one endpoint,
+31-33k with half the p99 TTFT. A big model keeps one engine per GPU group.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from config.errors import PlanError
+from config.hardware import GPUInfo, Hardware
+from config.model import ModelSpec
+from config.plan import GIB
+from config.rules.memory import CUDA_RUNTIME_RESERVE, DEFAULT_GPU_UTILIZATION
+
+if TYPE_CHECKING:
+    from config.planner import Draft
+
+SHARED_GPU_MIN_BYTES = 70 * GIB
+"""GPUs this big have room for two copies of a small model and their KV caches."""
+SHARED_MAX_WEIGHT_BYTES = 4 * GIB
+"""Models up to this many bytes of weights per GPU are host-bound on a big GPU."""
+CORES_PER_ENGINE = 8
+"""Host cores one engine with its API servers keeps busy (16 cores: two engines, measured)."""
+MAX_ENGINES_PER_GPU = 2
+"""Measured with two; more are unmeasured."""
+SHARED_UTILIZATION = 0.84
+"""The GPU's memory share all engines on it take together (two engines: 0.42 each, measured)."""
+
+
+def gpu_engines(
+    draft: Draft, hardware: Hardware, model: ModelSpec, weights: int, world: int, groups: int, smallest: GPUInfo
+) -> int:
+    """Set engines_per_gpu for a GPU plan: two on a big GPU for a small model when the host has
+    the cores for them, else one."""
+    cores = hardware.node.cpu_cores
+    per_group_cores = cores // max(groups, 1)
+    fit = min(MAX_ENGINES_PER_GPU, per_group_cores // CORES_PER_ENGINE)
+    if hardware.nodes > 1 or world > 1:
+        n, why = 1, "one engine per GPU group: the group's GPUs are joined by TP/PP"
+    elif smallest.memory_bytes < SHARED_GPU_MIN_BYTES:
+        n, why = 1, f"one engine per GPU: {smallest.memory_bytes / GIB:.0f} GiB holds one copy with room for its KV"
+    elif weights > SHARED_MAX_WEIGHT_BYTES:
+        n, why = 1, f"one engine per GPU: {weights / GIB:.1f} GiB of weights keep the GPU itself busy"
+    elif draft.pins.get("gpu_memory_utilization", 0) * 2 > 0.95:
+        n, why = 1, f"one engine per GPU: you pinned gpu_memory_utilization={draft.pins['gpu_memory_utilization']}"
+    elif fit < 2:
+        n, why = (
+            1,
+            f"one engine per GPU: {per_group_cores} host cores per GPU feed one engine ({CORES_PER_ENGINE} each)",
+        )
+    else:
+        n, why = (
+            fit,
+            f"{fit} engines per GPU behind the router: a {weights / GIB:.1f} GiB model leaves a big GPU mostly idle "
+            f"while one engine's host side is the ceiling; {per_group_cores} cores per GPU feed {fit} "
+            "(measured on one H200, 16 cores: two engines 2.4x one engine's tokens/s at 256 concurrent, half the "
+            "p99 TTFT)",
+        )
+    return int(draft.set("engines_per_gpu", n, why))
+
+
+def share_memory(draft: Draft, engines: int, smallest: GPUInfo, weights: int) -> int:
+    """Each engine's gpu_memory_utilization when ``engines`` share a GPU; bytes usable per engine.
+    Refuses a split whose share cannot hold the weights and the runtime."""
+    if engines == 1:
+        return int(smallest.memory_bytes * draft.values["gpu_memory_utilization"])
+    share = round(min(DEFAULT_GPU_UTILIZATION, SHARED_UTILIZATION) / engines, 2)
+    util = draft.set(
+        "gpu_memory_utilization",
+        share,
+        f"{share} of the GPU for each of the {engines} engines sharing it ({SHARED_UTILIZATION} together, measured)",
+    )
+    if engines * util > 0.95:
+        raise PlanError(
+            f"engines_per_gpu={engines} x gpu_memory_utilization={util}: {engines * util:.2f} of the GPU; "
+            f"valid: a product of at most 0.95 (e.g. gpu_memory_utilization={round(0.9 / engines, 2)})"
+        )
+    usable = int(smallest.memory_bytes * util)
+    need = weights + CUDA_RUNTIME_RESERVE
+    if usable <= need:
+        most = max(1, int(smallest.memory_bytes * 0.9 // (need * 1.25)))
+        raise PlanError(
+            f"engines_per_gpu={engines}: each engine gets {usable / GIB:.1f} GiB of the {smallest.name}, and the "
+            f"model needs {need / GIB:.1f} GiB before any KV cache; valid on this hardware: 1..{most}"
+        )
+    return usable
+
+
+def cpu_engines(draft: Draft, hardware: Hardware, weights: int, kv_bytes: int) -> int:
+    """Set engines_per_gpu for a CPU plan: one (the CPU engine itself is the ceiling); pinned to
+    more, each takes its own cores and KV cache, and all must fit in RAM."""
+    n = int(draft.set("engines_per_gpu", 1, "one CPU engine: it keeps every core busy by itself"))
+    node = hardware.node
+    if n > node.cpu_cores:
+        raise PlanError(f"engines_per_gpu={n}: each CPU engine needs a core of its own; valid: 1..{node.cpu_cores}")
+    need = n * (weights + kv_bytes)
+    if need > node.memory_bytes * 0.9:
+        raise PlanError(
+            f"engines_per_gpu={n}: {n} copies of the weights and KV caches need {need / GIB:.1f} GiB, "
+            f"and this machine has {node.memory_bytes / GIB:.1f} GiB"
+        )
+    return n
