@@ -16,7 +16,7 @@ source .gpu/stage.sh
 $G demo-model "$DIR" --full-size | tail -1
 
 wait_for() {  # URL: wait until /health answers (at most 600 s)
-  for _ in $(seq 600); do
+  for _ in $(seq 240); do
     python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" "$1" \
       2>/dev/null && return 0
     sleep 1
@@ -36,21 +36,11 @@ print(f"{sys.argv[2]:9} c={sys.argv[3]:>3} run {sys.argv[4]}: {d['output_through
 PY
 }
 
-# 1. vLLM's defaults
-SERVED=$DIR
-python3 -m vllm.entrypoints.openai.api_server --model "$DIR" --port 8100 > "$OUT/defaults-server.log" 2>&1 &
-pid=$!
-if wait_for http://127.0.0.1:8100; then
-  bench defaults http://127.0.0.1:8100 16 warm   # first use (both servers get one unmeasured level)
-  for c in $LEVELS; do for r in $(seq "$REPEATS"); do bench defaults http://127.0.0.1:8100 "$c" "$r"; done; done
-else echo "defaults: not healthy"; tail -20 "$OUT/defaults-server.log"; fi
-kill -INT "$pid"; wait "$pid" 2>/dev/null
-
-# 2. the project's plan (engines + router), as `serve` starts it
+# 1. the project's plan (first: it is the one whose start-up is longer) (engines + router), as `serve` starts it
 SERVED=demo
 $G serve --model demo --users 256 "$@" > "$OUT/project-serve.log" 2>&1 &
 pid=$!
-for _ in $(seq 900); do grep -q "^ready:\|^error:" "$OUT/project-serve.log" && break; sleep 1; done
+for _ in $(seq 300); do grep -q "^ready:\|^error:" "$OUT/project-serve.log" && break; sleep 1; done
 grep -h "^plan:\|^ready:\|^error:\|^warm-up:\|^router:\|^engine " "$OUT/project-serve.log"
 if grep -q "^ready:" "$OUT/project-serve.log"; then
   $G status --json > "$OUT/project-status.json"
@@ -62,4 +52,14 @@ if grep -q "^ready:" "$OUT/project-serve.log"; then
   done; done
 fi
 kill -INT "$pid"; wait "$pid" 2>/dev/null
+# 2. vLLM's defaults
+SERVED=$DIR
+python3 -m vllm.entrypoints.openai.api_server --model "$DIR" --port 8100 > "$OUT/defaults-server.log" 2>&1 &
+pid=$!
+if wait_for http://127.0.0.1:8100; then
+  bench defaults http://127.0.0.1:8100 16 warm   # first use (both servers get one unmeasured level)
+  for c in $LEVELS; do for r in $(seq "$REPEATS"); do bench defaults http://127.0.0.1:8100 "$c" "$r"; done; done
+else echo "defaults: not healthy"; tail -20 "$OUT/defaults-server.log"; fi
+kill -INT "$pid"; wait "$pid" 2>/dev/null
+
 echo "results in $OUT"

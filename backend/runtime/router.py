@@ -291,7 +291,8 @@ class Router:
     def health(self) -> list[WorkerHealth]:
         """Every engine: in the router's rotation or not, its own /health, the router's load on it."""
         with httpx.Client(timeout=httpx.Timeout(2.0)) as http:
-            reply = self._workers_reply(http) if self.alive() else None
+            # one this process started and that died cannot answer; one started elsewhere is asked
+            reply = self._workers_reply(http) if self.process.proc is None or self.alive() else None
             seen = {w.get("url"): w for w in reply or []}
             out = []
             for w in self.config.workers:

@@ -210,7 +210,7 @@ class Server:
             return
         report = self.router.status()
         self.status.router = report["router"]
-        self.status.engines = report["engines"]
+        self.status.engines = [{**seen, "pid": e.pid} for seen, e in zip(report["engines"], self.engines, strict=True)]
 
     def _warm_up(self) -> bool:
         """Every engine, each straight (the router is not up yet); the first engine's record is kept."""

@@ -5,7 +5,9 @@ core per engine core) is the ceiling, not the GPU (about 9 % of its memory bandw
 concurrent). Measured on one H200 with 16 cores, full-size ERNIE-4.5-0.3B shape, ``vllm bench
 serve`` 512 in / 128 out at 256 concurrent (BENCHMARKS.md, "Several engines on one GPU"): one
 engine 12-20k output tok/s; two engines of 0.42 of the memory each, behind one endpoint,
-31-33k with half the p99 TTFT. A big model keeps one engine per GPU group.
+31-33k with half the p99 TTFT. A big model keeps one engine per GPU group. Not yet the
+default: through ``serve`` on an H200 the second engine's first request hung (BENCHMARKS.md),
+so the planner proposes it in its reason and a pin turns it on.
 """
 
 from __future__ import annotations
@@ -56,11 +58,11 @@ def gpu_engines(
         )
     else:
         n, why = (
-            fit,
-            f"{fit} engines per GPU behind the router: a {weights / GIB:.1f} GiB model leaves a big GPU mostly idle "
-            f"while one engine's host side is the ceiling; {per_group_cores} cores per GPU feed {fit} "
-            "(measured on one H200, 16 cores: two engines 2.4x one engine's tokens/s at 256 concurrent, half the "
-            "p99 TTFT)",
+            1,
+            f"one engine per GPU for now: {fit} would fit (a {weights / GIB:.1f} GiB model leaves a big GPU mostly "
+            "idle; by hand, two engines on one H200 gave 2.4x one engine's tokens/s at 256 concurrent), but through "
+            "`serve` the second engine's first request hung on an H200 (2026-12-02, BENCHMARKS.md); pin "
+            f"engines_per_gpu={fit} to run {fit} behind the router",
         )
     return int(draft.set("engines_per_gpu", n, why))
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from config.commands import build_commands
 from config.hardware import Hardware, list_profiles, load_profile
 from config.model import ModelSpec, read_model
 from config.plan import GIB, Plan
@@ -372,3 +373,37 @@ def test_pinned_split_wider_than_the_node_is_a_plan_error() -> None:
         plan("1xA10", pins={"pipeline_parallel_size": "2"})
     with pytest.raises(PlanError, match=r"TP x PP = 4 GPUs and this node has 2; valid on this hardware"):
         plan("2xA10-pcie", "llama-3.1-8b", pins={"tensor_parallel_size": "2", "pipeline_parallel_size": "2"})
+
+
+def test_engines_per_gpu_two_on_a_big_gpu_when_pinned_each_with_its_share_and_three_api_servers() -> None:
+    p = plan("1xH200", users=256, pins={"engines_per_gpu": "2"})
+    assert p.routed and p.engine_count == 2 and p.gpu_memory_utilization == 0.42
+    assert p.api_server_count == 4 and p.stream_interval == 16 and p.max_num_seqs % 8 == 0  # 24 cores: 12 each
+    roles = [c.role for c in build_commands(p, python="python3", model_path="/m", host="127.0.0.1", port=8000)]
+    assert roles == ["engine 0", "engine 1"]
+    assert "the router" in p.summary()
+
+
+def test_engines_per_gpu_default_says_what_it_would_do_and_why_not_yet() -> None:
+    p = plan("1xH200", users=256)
+    assert p.engines_per_gpu == 1 and not p.routed
+    assert "pin engines_per_gpu=2" in p.reasons["engines_per_gpu"]
+    assert "one engine per GPU" in plan("1xT4").reasons["engines_per_gpu"]
+
+
+def test_a_memory_split_that_cannot_hold_the_model_is_refused_before_launch() -> None:
+    with pytest.raises(PlanError, match=r"engines_per_gpu=8: each engine gets"):
+        plan("1xL4", name="llama-3.1-8b", pins={"engines_per_gpu": "8"})
+    with pytest.raises(PlanError, match=r"engines_per_gpu=2 x gpu_memory_utilization=0.9"):
+        plan("1xH200", pins={"engines_per_gpu": "2", "gpu_memory_utilization": "0.9"})
+
+
+def test_cpu_engines_take_cores_of_their_own_and_must_fit() -> None:
+    hw = load_profile("cpu-only")
+    p = plan("cpu-only", pins={"engines_per_gpu": "2", "cpu_kv_cache_space_gib": "1"})
+    cmds = build_commands(p, python="py", model_path="/m", host="127.0.0.1", port=8000, cores=hw.node.cpu_cores)
+    binds = [c.env["VLLM_CPU_OMP_THREADS_BIND"] for c in cmds]
+    assert p.engine_count == 2 and len(set(binds)) == 2 and "--port 8001" in cmds[0].shell()
+    two_cores = hw.model_copy(update={"node": hw.node.model_copy(update={"cpu_cores": 2})})
+    with pytest.raises(PlanError, match=r"engines_per_gpu=3: each CPU engine needs a core of its own; valid: 1..2"):
+        make_plan(two_cores, model(ERNIE), WorkloadSettings(), {"engines_per_gpu": "3"})

