@@ -18,7 +18,6 @@ file into ``<engine.run_dir>/page/`` and points ``config.root`` there.
 import asyncio
 import contextlib
 import hmac
-import os
 
 import chainlit as cl
 from chainlit.config import config as chainlit_config
@@ -27,6 +26,7 @@ from chainlit.server import sio
 
 from backend import chat
 from backend.client import ChatResult
+from backend.page import auth
 from backend.status import EngineStatus
 from config.settings import ROOT, load_settings
 
@@ -70,7 +70,7 @@ async def startup() -> None:
     _background.add(task)
 
 
-if os.environ.get("CHAINLIT_AUTH_SECRET") and settings.app.users:
+if auth.enable_login(settings, chainlit_config.run.host):  # exposed without login: exits, says how to set it
 
     @cl.password_auth_callback
     async def login(username: str, password: str) -> cl.User | None:
