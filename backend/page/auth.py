@@ -64,7 +64,7 @@ def exposed_without_login(
         return None
     return (
         f"the chat page would listen on {host}, beyond this machine, so it needs a password login, "
-        f"but there is {problem}. Set both, in the environment:\n"
+        f"but it has {problem}. Set both, in the environment:\n"
         """  ERNIECHAT_APP__USERS='{"demo": "a-good-password"}'\n"""
         f"  {SECRET_ENV}=$(python3 -c 'import secrets; print(secrets.token_urlsafe(48))')"
         "   (or ERNIECHAT_APP__AUTH_SECRET)\n"
