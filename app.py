@@ -10,14 +10,14 @@ messages. Start it with ``python -m backend up`` (or ``chainlit run app.py`` bes
 import asyncio
 import contextlib
 import hmac
-import os
 import time
 
 import chainlit as cl
 from chainlit.input_widget import Slider, TextInput
 
 from backend.engine_api import ChatResult
-from backend.errors import ChatError, TooLong
+from backend.errors import ChatError, ErniechatError, TooLong
+from backend.page import auth
 from backend.page import chainlit_internals as internals
 from backend.page.link import EngineLink
 from backend.page.render import footer, progress_line, render_page, with_footer, write_if_changed
@@ -65,7 +65,12 @@ async def startup() -> None:
     _background.add(task)
 
 
-if os.environ.get("CHAINLIT_AUTH_SECRET") and settings.app.users:
+try:
+    login_on = auth.enable_login(settings, internals.bind_host())
+except ErniechatError as err:  # exposed without login: the page does not start, and says how to set it
+    raise SystemExit(f"error: {err}") from None
+
+if login_on:
 
     @cl.password_auth_callback
     async def login(username: str, password: str) -> cl.User | None:

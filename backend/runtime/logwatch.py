@@ -133,6 +133,13 @@ FATALS: list[tuple[re.Pattern[str], Fatal]] = [
         Fatal("the parallel sizes do not fit the model's shape", "run `python -m backend plan` and use a valid size"),
     ),
     (
+        re.compile(r"Insufficient space in /dev/shm"),
+        Fatal(
+            "/dev/shm is too small for vLLM's shared-memory queues (a container's default is 64 MB)",
+            "run the container with --shm-size 1g (compose: shm_size) or --ipc=host",
+        ),
+    ),
+    (
         re.compile(r"User-specified max_model_len .* is greater than"),
         Fatal("max_model_len exceeds the model's context", "lower --context"),
     ),

@@ -19,6 +19,7 @@ import httpx
 
 from backend.engine_api import local_host
 from backend.errors import ErniechatError
+from backend.page.auth import exposed_without_login
 from backend.runtime.process import EngineProcess, port_in_use
 from backend.runtime.serve import Server
 from config.settings import ENV_DELIMITER, ENV_PREFIX, ROOT, Settings
@@ -114,6 +115,10 @@ class ChatPage:
 def run_up(settings: Settings) -> int:
     """The ``up`` command. 0 after a clean stop; 1 when something failed."""
     a = settings.app
+    why = exposed_without_login(settings)
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
     if port_in_use(a.host, a.port):
         print(
             f"error: port {a.port} on {a.host} is already in use, and the chat page needs it; "

@@ -1,0 +1,227 @@
+"""The demo image for real: build deploy/Containerfile with Debian's podman, run it, talk to it.
+
+No registry image can be pulled here, so the image is built as ``bash deploy/build.sh
+--offline`` builds it: a base made from Debian's packages and wheels downloaded on this host,
+both kept between runs (podman's layer cache and ``~/.cache/erniechat``), so only the first
+run on a machine pays for them. Then, from outside the container and through the published
+port only: the exposed page refuses to start without login; with login (from a mounted
+settings file) it answers, refuses a socket without the login cookie, streams a reply to one
+with it; the health check (``status``) turns healthy; ``podman stop`` ends everything.
+
+This machine's podman needs runc, the cgroupfs manager, explicit ulimits and chroot build
+isolation: those live in this test's own containers.conf, not in the Containerfile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from support.services import ROOT
+
+from backend.measure.page_client import PageError, PageSession
+from backend.runtime.process import free_port
+
+IMAGE = "localhost/erniechat-test:cpu"
+BUILD_TIMEOUT_S = 2400  # a fresh machine: base image, ~1 GB of wheels, the venv layer
+READY_TIMEOUT_S = 900
+CONTAINERS_CONF = """\
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=16384:16384"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+"""
+
+
+@dataclass
+class Podman:
+    env: dict[str, str]
+
+    def __call__(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and done.returncode != 0:
+            raise AssertionError(f"podman {' '.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+        return done
+
+
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Podman:
+    if shutil.which("podman") is None or shutil.which("mmdebstrap") is None:
+        pytest.fail("podman and mmdebstrap are needed: bash scripts/setup.sh --test installs them")
+    conf = tmp_path_factory.mktemp("podman") / "containers.conf"
+    conf.write_text(CONTAINERS_CONF)
+    return Podman({**os.environ, "CONTAINERS_CONF": str(conf), "BUILDAH_ISOLATION": "chroot"})
+
+
+@pytest.fixture(scope="module")
+def image(podman: Podman) -> str:
+    """Build (cached: seconds when nothing changed) and report the time and size.
+    ERNIECHAT_TEST_IMAGE=NAME runs the tests on an image built before, without building."""
+    if prebuilt := os.environ.get("ERNIECHAT_TEST_IMAGE"):
+        return prebuilt
+    t0 = time.monotonic()
+    done = subprocess.run(
+        ["bash", "deploy/build.sh", "--offline", "--tag", IMAGE],
+        cwd=ROOT,
+        env=podman.env,
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT_S,
+    )
+    assert done.returncode == 0, f"the image build failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    size = int(podman("image", "inspect", "--format", "{{.Size}}", IMAGE).stdout.strip())
+    print(f"\nimage {IMAGE}: built in {time.monotonic() - t0:.0f} s, {size / 2**30:.2f} GiB")
+    return IMAGE
+
+
+def container_processes(container_id: str) -> list[str]:
+    """Host-side view: processes in the container's cgroup (its PID namespace is visible here)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if container_id in (entry / "cgroup").read_text():
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return found
+
+
+def test_an_exposed_container_without_login_refuses_to_start(podman: Podman, image: str) -> None:
+    name = f"erniechat-test-{uuid.uuid4().hex[:8]}"
+    try:
+        done = podman("run", "--name", name, image, timeout=120, check=False)
+        assert done.returncode == 2, done.stdout + done.stderr
+        out = done.stdout + done.stderr
+        assert "the chat page would listen on 0.0.0.0" in out and "ERNIECHAT_APP__USERS=" in out, out
+    finally:
+        podman("rm", "--force", "--ignore", "--volumes", name, check=False)  # and its anonymous /data
+
+
+def login_cookie(url: str, user: str, password: str) -> str:
+    resp = httpx.post(url + "/login", data={"username": user, "password": password}, timeout=10)
+    assert resp.status_code == 200, resp.text
+    return "; ".join(f"{k}={v}" for k, v in resp.cookies.items())
+
+
+@pytest.fixture
+def container(podman: Podman, image: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """The demo running with login from a mounted settings file; yields (name, page URL)."""
+    name = f"erniechat-test-{uuid.uuid4().hex[:8]}"
+    volume = f"{name}-data"
+    port = free_port()
+    conf = tmp_path / "erniechat.toml"
+    conf.write_text(f'[app]\nusers = {{ ann = "s3cret" }}\nauth_secret = "{uuid.uuid4().hex * 2}"\nmax_tokens = 24\n')
+    conf.chmod(0o644)
+    # published on loopback only: nothing here may listen beyond this machine
+    podman(
+        "run", "--detach", "--name", name,
+        "--publish", f"127.0.0.1:{port}:8080",
+        "--shm-size", "1g",  # vLLM's shared-memory queues; the default 64 MB stops the engine
+        "--volume", f"{volume}:/data",
+        "--volume", f"{conf}:/run/erniechat/erniechat.toml:ro",
+        "--env", "ERNIECHAT_CONFIG=/run/erniechat/erniechat.toml",
+        "--env", "ERNIECHAT_MODEL__ID=demo",
+        "--env", "ERNIECHAT_WORKLOAD__USERS=2",
+        "--env", "ERNIECHAT_WORKLOAD__CONTEXT=2048",
+        image,
+    )  # fmt: skip
+    try:
+        yield name, f"http://127.0.0.1:{port}"
+    finally:
+        podman("rm", "--force", "--ignore", "--volumes", "--time", "5", name, check=False)
+        podman("volume", "rm", "--force", volume, check=False)
+
+
+def engine_log(podman: Podman, name: str, lines: int = 40) -> str:
+    """The error lines and the tail of the engine's log, read from the container's volume."""
+    mounts = json.loads(podman("inspect", "--format", "{{json .Mounts}}", name).stdout)
+    for mount in mounts:
+        if mount.get("Destination") == "/data":
+            text = (Path(mount["Source"]) / "run" / "engine.log").read_text(errors="replace").splitlines()
+            errors = [line for line in text if "Error" in line and "File " not in line][-10:]
+            return "\n".join([*errors, "...", *text[-lines:]])
+    return "(no /data volume)"
+
+
+def wait_for_page(podman: Podman, name: str, url: str) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        state = podman("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
+        if state != "running":
+            logs = podman("logs", name, check=False)
+            raise AssertionError(
+                f"the container is {state}:\n{(logs.stdout + logs.stderr)[-3000:]}\n"
+                f"engine log:\n{engine_log(podman, name)}"
+            )
+        try:
+            if httpx.get(url + "/", timeout=3).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    logs = podman("logs", name, check=False)
+    raise AssertionError(f"no page at {url} within {READY_TIMEOUT_S} s:\n{(logs.stdout + logs.stderr)[-4000:]}")
+
+
+def test_the_demo_container_serves_the_page_with_login_and_stops_clean(
+    podman: Podman, container: tuple[str, str]
+) -> None:
+    name, url = container
+    t0 = time.monotonic()
+    wait_for_page(podman, name, url)
+    print(f"\ncontainer start to page: {time.monotonic() - t0:.0f} s")
+    logs = podman("logs", name).stdout
+    assert "ready: http://127.0.0.1:8000/v1" in logs and "chat: http://127.0.0.1:8080" in logs, logs[-3000:]
+
+    # The health check is `status`: healthy once the engine has passed warm-up.
+    assert podman("healthcheck", "run", name, check=False).returncode == 0
+    assert podman("inspect", "--format", "{{.State.Health.Status}}", name).stdout.strip() == "healthy"
+
+    # Login is enforced: the page says so, a wrong password and a socket without the cookie fail.
+    assert httpx.get(url + "/auth/config", timeout=10).json()["requireLogin"] is True
+    bad = httpx.post(url + "/login", data={"username": "ann", "password": "wrong"}, timeout=10)
+    assert bad.status_code == 401
+
+    async def chat() -> None:
+        with pytest.raises(PageError):
+            await PageSession(url).connect(timeout=20)
+        tab = await PageSession(url, cookie=login_cookie(url, "ann", "s3cret")).connect()
+        try:
+            result = await tab.ask("Say hello in one short sentence.", timeout=180)
+        finally:
+            await tab.close()
+        assert result.error is None, result.error
+        assert result.ttft_s is not None and len(result.token_times) >= 2, "the reply must stream"
+        assert result.tokens > 0 and result.text
+
+    asyncio.run(chat())
+
+    # What runs inside is visible from the host; after stop, nothing of it is left.
+    cid = podman("inspect", "--format", "{{.Id}}", name).stdout.strip()
+    inside = container_processes(cid)
+    assert any("backend up" in cmd for cmd in inside) and any("vllm" in cmd for cmd in inside), inside
+    t_stop = time.monotonic()
+    podman("stop", "--time", "60", name, timeout=90)
+    stop_s = time.monotonic() - t_stop
+    state = json.loads(podman("inspect", "--format", "{{json .State}}", name).stdout)
+    print(f"stop: {stop_s:.1f} s, exit code {state['ExitCode']}")
+    assert state["Status"] == "exited"
+    assert state["ExitCode"] == 143, f"`up` must exit on SIGTERM after stopping all (not be killed): {state}"
+    assert stop_s < 60
+    assert container_processes(cid) == []
+    logs = podman("logs", name).stdout + podman("logs", name).stderr
+    assert "Traceback" not in logs, logs[-3000:]

@@ -1,0 +1,162 @@
+"""deploy/ without running a container: what the GPU variant, compose and systemd files can be
+checked for on a machine without GPU, docker compose or a running systemd.
+
+The CPU image is built and run for real in test_container.py. The GPU image is not built here
+(no GPU, and its CUDA wheels are gigabytes): it is held to the CPU Containerfile line for line,
+except the lines that pick the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from support.services import ROOT
+
+from backend.page.auth import exposed_without_login
+from config.settings import load_settings
+
+DEPLOY = ROOT / "deploy"
+INTERPOLATION = re.compile(r"\$\{(\w+)(?::([-?])([^}]*))?\}")
+
+
+def instructions(path: Path) -> list[str]:
+    """The Containerfile's instructions, comments and continuation joins left out."""
+    text = re.sub(r"\\\n", " ", path.read_text())
+    return [" ".join(line.split()) for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def image_env(path: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for line in instructions(path):
+        if line.startswith("ENV "):
+            env.update(pair.split("=", 1) for pair in line[4:].split())
+    return env
+
+
+def test_the_gpu_containerfile_is_the_cpu_one_but_for_the_engine() -> None:
+    cpu, gpu = instructions(DEPLOY / "Containerfile"), instructions(DEPLOY / "Containerfile.gpu")
+    assert len(cpu) == len(gpu)
+    differ = [(c, g) for c, g in zip(cpu, gpu, strict=True) if c != g]
+    assert [c.split()[0] for c, _ in differ] == ["COPY", "RUN", "ENV"], differ
+    (copy_c, copy_g), (pip_c, pip_g), _ = differ
+    assert copy_g == copy_c.replace("-cpu.txt", "-gpu.txt")
+    # the same two venvs; only the CPU build's torchvision/torchaudio/torchcodec removal is CPU-only
+    assert pip_g == pip_c.replace("-cpu.txt", "-gpu.txt").split("; .venv-engine/bin/pip uninstall")[0]
+    assert image_env(DEPLOY / "Containerfile.gpu") == {
+        **image_env(DEPLOY / "Containerfile"),
+        "NVIDIA_VISIBLE_DEVICES": "all",
+        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+    }
+    for name in ("Containerfile", "Containerfile.gpu"):
+        lines = instructions(DEPLOY / name)
+        assert "USER erniechat" in lines and "VOLUME /data" in lines and 'CMD ["up"]' in lines
+        assert any(line.startswith("HEALTHCHECK") and '"backend", "status"]' in line for line in lines)
+
+
+def test_the_image_settings_are_real_keys_and_expose_the_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("ERNIECHAT_")]:
+        monkeypatch.delenv(name)
+    for key, value in image_env(DEPLOY / "Containerfile").items():
+        monkeypatch.setenv(key, value)
+    s = load_settings()  # an unknown ERNIECHAT_ key would raise here
+    assert (s.app.host, s.app.port, str(s.engine.run_dir)) == ("0.0.0.0", 8080, "/data/run")
+    assert exposed_without_login(s, environ={}) is not None, "the image alone must refuse: no login"
+
+
+def compose_env(service: dict, values: dict[str, str]) -> dict[str, str]:
+    """The service's environment with compose's ${VAR:-default} / ${VAR:?error} filled in."""
+
+    def fill(m: re.Match[str]) -> str:
+        var, op, arg = m.group(1), m.group(2), m.group(3)
+        if var in values:
+            return values[var]
+        assert op == "-", f"${{{var}}} has no default and no value in this test"
+        return arg
+
+    return {k: INTERPOLATION.sub(fill, str(v)) for k, v in service["environment"].items()}
+
+
+def test_compose_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    services = compose["services"]
+    assert set(services) == {"cpu", "gpu"} and "erniechat-data" in compose["volumes"]
+    for name, svc in services.items():
+        assert svc["profiles"] == [name] and svc["restart"] == "unless-stopped"
+        assert svc["build"]["context"] == ".." and (DEPLOY.parent / svc["build"]["dockerfile"]).is_file()
+        assert "erniechat-data:/data" in svc["volumes"]
+        assert svc["healthcheck"]["test"][-2:] == ["backend", "status"]
+    devices = services["gpu"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+    assert "deploy" not in services["cpu"]
+    assert services["cpu"]["shm_size"] == "1gb" and services["gpu"]["ipc"] == "host"  # /dev/shm for vLLM
+
+    # The demo's knobs are the project's own settings, and the password reaches the login.
+    env = compose_env(services["cpu"], {"ERNIECHAT_PASSWORD": "pw", "ERNIECHAT_APP__AUTH_SECRET": "x" * 40})
+    assert {
+        "ERNIECHAT_MODEL__ID",
+        "ERNIECHAT_WORKLOAD__USERS",
+        "ERNIECHAT_WORKLOAD__OBJECTIVE",
+        "ERNIECHAT_APP__PORT",
+        "ERNIECHAT_APP__USERS",
+        "ERNIECHAT_APP__AUTH_SECRET",
+    } <= set(env)
+    for name in [n for n in os.environ if n.startswith("ERNIECHAT_")]:
+        monkeypatch.delenv(name)
+    for key, value in {**image_env(DEPLOY / "Containerfile"), **env}.items():
+        monkeypatch.setenv(key, value)
+    s = load_settings()
+    assert s.app.users == {"demo": "pw"} and s.workload.objective == "balanced" and s.app.port == 8080
+    assert exposed_without_login(s, environ={}) is None
+    port = services["cpu"]["ports"][0]
+    assert compose_env({"environment": {"p": port}}, {})["p"] == "8080:8080"
+
+
+def test_the_env_file_example_refuses_until_filled_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("ERNIECHAT_")]:
+        monkeypatch.delenv(name)
+    pairs = {**image_env(DEPLOY / "Containerfile")}
+    for line in (DEPLOY / "erniechat.env.example").read_text().splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            pairs[key] = value
+    assert json.loads(pairs["ERNIECHAT_APP__USERS"]) == {"demo": ""}
+    for key, value in pairs.items():
+        monkeypatch.setenv(key, value)
+    why = exposed_without_login(load_settings(), environ={})
+    assert why and "an empty password for demo" in why and "no secret" in why
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+def test_the_systemd_unit_verifies() -> None:
+    unit = (DEPLOY / "erniechat.service").read_text()
+    assert "--env-file /etc/erniechat/erniechat.env" in unit and "erniechat-data:/data" in unit
+    assert "--shm-size 1g" in unit
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(DEPLOY / "erniechat.service")], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_build_script_help_and_syntax() -> None:
+    assert subprocess.run(["bash", "-n", str(DEPLOY / "build.sh")], timeout=10).returncode == 0
+    done = subprocess.run(["bash", str(DEPLOY / "build.sh"), "--help"], capture_output=True, text=True, timeout=10)
+    assert done.returncode == 0 and "--offline" in done.stdout
+
+
+def test_a_small_dev_shm_is_explained() -> None:
+    """A container's 64 MB /dev/shm stops vLLM at start-up; `serve` names the run flag that fixes it."""
+    from backend.runtime.logwatch import LogState
+
+    log = LogState()
+    log.feed(
+        "(EngineCore pid=31) ERROR [core.py:1510] RuntimeError: Insufficient space in /dev/shm for shared-memory "
+        "allocation: 160 MiB required, 62 MiB free. Increase /dev/shm (e.g. --shm-size or --ipc=host)."
+    )
+    assert log.fatal is not None and "--shm-size 1g" in log.fatal.fix
