@@ -128,11 +128,11 @@ async def start() -> None:
         plan = f"Plan: {status.plan_summary} · Hardware: {status.hardware} · the Readme says why."
         await cl.Message(content=f"{DEMO}\n\n{plan}").send()
     if status is None or status.state == "ready":
-        link.prepare(link.locate(status))  # the window and template cost, before the first message
+        await link.prepare(link.locate(status))  # the window and template cost, before the first message
     else:
         waiting = Progress("The engine is starting; you can type now, your message will wait for it.")
         try:
-            link.prepare(await link.wait_ready(waiting.show))
+            await link.prepare(await link.wait_ready(waiting.show))
             await waiting.close("✅ The engine is ready.")
         except ChatError as err:
             if waiting.msg is None:

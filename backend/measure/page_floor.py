@@ -47,6 +47,8 @@ class PathFigures:
     ttft_p50_ms: float | None
     ttft_p99_ms: float | None
     itl_p50_ms: float | None
+    first_errors: list[str] = field(default_factory=list)
+    """What the first few failed requests said (an error here is a finding, not noise)."""
 
 
 @dataclass
@@ -76,6 +78,7 @@ def figures(results: list[ChatResult]) -> PathFigures:
         ttft_p50_ms=round(1000 * statistics.median([r.ttft_s or 0.0 for r in ok]), 2) if ok else None,
         ttft_p99_ms=_ms([r.ttft_s or 0.0 for r in ok], 0.99),
         itl_p50_ms=round(1000 * statistics.median(gaps), 3) if gaps else None,
+        first_errors=[str(r.error) for r in results if r.error is not None][:3],
     )
 
 

@@ -9,6 +9,7 @@ the engine listens and how fast its first token was during warm-up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any
 import httpx
 
 from backend.engine_api import engine_url, headers, root_url
-from backend.errors import EngineDown, EngineRefused, EngineTimeout
+from backend.errors import ChatError, EngineDown, EngineRefused, EngineTimeout
 from backend.page.history import Fitted, Message, TemplateCost, fit
 from backend.page.sampling import Sampling
 from backend.runtime.rundir import RunDir
@@ -76,7 +77,7 @@ class EngineLink:
         self.settings = settings
         self.run_dir = RunDir(settings.engine.run_dir)
         self._clients: dict[tuple[str, Timeouts], httpx.AsyncClient] = {}
-        self._facts: dict[tuple[str, str, float | None], asyncio.Task[EngineFacts]] = {}
+        self._facts: dict[tuple[str, str, float | None], EngineFacts] = {}
 
     # -- status ----------------------------------------------------------------------------
     def status(self) -> EngineStatus | None:
@@ -160,19 +161,19 @@ class EngineLink:
         r = await self.call(target, "POST", f"{root_url(target.base_url)}/tokenize", json=body)
         return int(r.json()["count"])
 
-    def prepare(self, target: Target) -> asyncio.Task[EngineFacts]:
-        """Learn the engine's window and template cost once per engine start, in the background:
-        a chat start calls this, so the first message does not pay for it."""
-        key = (target.base_url, target.model, target.started_at)
-        task = self._facts.get(key)
-        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
-            task = asyncio.create_task(self._learn(target))
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a waiting message re-raises it
-            self._facts[key] = task
-        return task
+    async def prepare(self, target: Target) -> None:
+        """Learn the engine's window and template cost before the first message (a chat start
+        calls this); a failure here is left for the message itself to report."""
+        with contextlib.suppress(ChatError):
+            await self.facts(target)
 
     async def facts(self, target: Target) -> EngineFacts:
-        return await asyncio.shield(self.prepare(target))
+        """The engine's window and template cost, learned once per engine start (a restart may
+        plan another context length)."""
+        key = (target.base_url, target.model, target.started_at)
+        if key not in self._facts:
+            self._facts[key] = await self._learn(target)
+        return self._facts[key]
 
     async def _learn(self, target: Target) -> EngineFacts:
         r = await self.call(target, "GET", f"{target.base_url}/models")
