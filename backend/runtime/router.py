@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from backend.engine_api import SESSION_HEADER
+from backend.engine_api import SESSION_HEADER, local_host
 from backend.errors import EngineStartError
 from backend.runtime.process import EngineProcess, log_tail, port_in_use
 
@@ -165,10 +165,6 @@ def router_argv(config: RouterConfig, python: str = sys.executable) -> list[str]
     ]
 
 
-def _client_host(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "") else host
-
-
 def engine_answers(http: httpx.Client, url: str) -> bool:
     try:
         return http.get(f"{url.rstrip('/')}/health").status_code == 200
@@ -194,7 +190,7 @@ class Router:
 
     @property
     def url(self) -> str:
-        return f"http://{_client_host(self.config.host)}:{self.config.port}"
+        return f"http://{local_host(self.config.host)}:{self.config.port}"
 
     @property
     def base_url(self) -> str:
@@ -203,7 +199,7 @@ class Router:
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{_client_host(self.config.host)}:{self.config.metrics_port}/metrics"
+        return f"http://{local_host(self.config.host)}:{self.config.metrics_port}/metrics"
 
     @property
     def pid(self) -> int | None:
