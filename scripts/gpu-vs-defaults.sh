@@ -1,65 +1,42 @@
 #!/usr/bin/env bash
-# On a GPU host (after scripts/gpu-host.sh's staging): vLLM's own `vllm bench serve` against
-# `vllm serve DIR` with vLLM's defaults and against the project's plan (`serve`), in the same
-# call, REPEATS runs per level; then the router's added TTFT (one engine direct against the
-# router) at 1 and 16 concurrent. Results: $OUT/<server>-c<C>-r<N>.json; log on stdout.
+# On a GPU host (.gpu/ carried, and .whl/ with the router; see scripts/gpu-host.sh): vLLM's own
+# `vllm bench serve` against the project's plan (`serve`: its engines behind the router) and
+# against `vllm serve DIR` with vLLM's defaults, in the same call, REPEATS runs per level.
+# Every server gets one unmeasured level of 16 first. ROUTER_TTFT=1 adds the router's added
+# TTFT (engine 0 direct against the router, 1 and 16 concurrent). If start-up stalls, every
+# vLLM process's Python stack goes to diagnose.txt (py-spy).
 #   OUT=/tmp/r REPEATS=3 LEVELS="128 256" bash scripts/gpu-vs-defaults.sh [serve flags...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-bench-results/vs-defaults-$(date +%Y%m%d-%H%M%S)}
+source scripts/gpu-lib.sh
 REPEATS=${REPEATS:-3}
 LEVELS=${LEVELS:-128 256}
-DIR=${ERNIECHAT_MODEL__DEMO_DIR:-/tmp/erniechat-demo-full}
-G="bash scripts/gpu-host.sh"
-mkdir -p "$OUT"
-source .gpu/stage.sh
+trap 'gpu_clean; save_results' EXIT
+
+gpu_clean
 $G demo-model "$DIR" --full-size | tail -1
+echo "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader)"
 
-wait_for() {  # URL: wait until /health answers (at most 600 s)
-  for _ in $(seq 240); do
-    python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" "$1" \
-      2>/dev/null && return 0
-    sleep 1
-  done
-  return 1
-}
-bench() {  # NAME URL C RUN
-  python3 -m vllm.entrypoints.cli.main bench serve --base-url "$2" --model "$SERVED" --tokenizer "$DIR" \
-    --dataset-name random --random-input-len 512 --random-output-len 128 --ignore-eos \
-    --num-prompts $(( $3 * 4 )) --max-concurrency "$3" --save-result --result-dir "$OUT" \
-    --result-filename "$1-c$3-r$4.json" > "$OUT/$1-c$3-r$4.log" 2>&1
-  python3 - "$OUT/$1-c$3-r$4.json" "$1" "$3" "$4" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-print(f"{sys.argv[2]:9} c={sys.argv[3]:>3} run {sys.argv[4]}: {d['output_throughput']:8.0f} tok/s, "
-      f"TTFT p50 {d['median_ttft_ms']:.1f} p99 {d['p99_ttft_ms']:.1f} ms, failed {d.get('failed', 0)}")
-PY
-}
-
-# 1. the project's plan (first: it is the one whose start-up is longer) (engines + router), as `serve` starts it
-SERVED=demo
-$G serve --model demo --users 256 "$@" > "$OUT/project-serve.log" 2>&1 &
-pid=$!
-for _ in $(seq 300); do grep -q "^ready:\|^error:" "$OUT/project-serve.log" && break; sleep 1; done
-grep -h "^plan:\|^ready:\|^error:\|^warm-up:\|^router:\|^engine " "$OUT/project-serve.log"
-if grep -q "^ready:" "$OUT/project-serve.log"; then
-  $G status --json > "$OUT/project-status.json"
-  bench project http://127.0.0.1:8000 16 warm
-  for c in $LEVELS; do for r in $(seq "$REPEATS"); do bench project http://127.0.0.1:8000 "$c" "$r"; done; done
-  # 3. the router's added TTFT: engine 0 straight against through the router
-  for c in 1 16; do for r in $(seq "$REPEATS"); do
-    bench router http://127.0.0.1:8000 "$c" "$r"; bench engine0 http://127.0.0.1:8001 "$c" "$r"
-  done; done
+# 1. the project's plan, as `serve` starts it (first: its start-up is the longer)
+$G serve --model demo --users 256 "$@" > "$RES/project-serve.log" 2>&1 &
+wait_for_line "$RES/project-serve.log" "^ready:" 100 480
+cp /tmp/erniechat-run/*.log "$RES/" 2>/dev/null
+grep -h "^plan:\|^ready:\|^error:\|^warm-up:\|^router:\|^engine " "$RES/project-serve.log" | cut -c1-400
+if grep -q "^ready:" "$RES/project-serve.log"; then
+  $G status --json > "$RES/project-status.json"
+  vbench project http://127.0.0.1:8000 16 warm
+  for c in $LEVELS; do for r in $(seq "$REPEATS"); do vbench project http://127.0.0.1:8000 "$c" "$r"; done; done
+  if [ -n "${ROUTER_TTFT:-}" ]; then
+    for c in 1 16; do for r in $(seq "$REPEATS"); do
+      vbench router http://127.0.0.1:8000 "$c" "$r"; vbench engine0 http://127.0.0.1:8001 "$c" "$r"
+    done; done
+  fi
 fi
-kill -INT "$pid"; wait "$pid" 2>/dev/null
-# 2. vLLM's defaults
-SERVED=$DIR
-python3 -m vllm.entrypoints.openai.api_server --model "$DIR" --port 8100 > "$OUT/defaults-server.log" 2>&1 &
-pid=$!
-if wait_for http://127.0.0.1:8100; then
-  bench defaults http://127.0.0.1:8100 16 warm   # first use (both servers get one unmeasured level)
-  for c in $LEVELS; do for r in $(seq "$REPEATS"); do bench defaults http://127.0.0.1:8100 "$c" "$r"; done; done
-else echo "defaults: not healthy"; tail -20 "$OUT/defaults-server.log"; fi
-kill -INT "$pid"; wait "$pid" 2>/dev/null
+gpu_clean; save_results
 
-echo "results in $OUT"
+# 2. vLLM's defaults
+python3 -m vllm.entrypoints.cli.main serve "$DIR" --port 8100 > "$RES/defaults-server.log" 2>&1 &
+if wait_health http://127.0.0.1:8100; then
+  vbench defaults http://127.0.0.1:8100 16 warm "$DIR"
+  for c in $LEVELS; do for r in $(seq "$REPEATS"); do vbench defaults http://127.0.0.1:8100 "$c" "$r" "$DIR"; done; done
+else echo "defaults: not healthy"; tail -20 "$RES/defaults-server.log"; fi

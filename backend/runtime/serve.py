@@ -120,11 +120,16 @@ class Server:
         self.status.log_path = str(self.engines[0].log_path)
         self.display.done()
         self.say(f"plan: {plan.summary()}; engine log: {self.status.log_path}")
-        launch = time.monotonic()
+        to_health = warm_s = 0.0
+        records: list[WarmupRecord] = []
         try:
             if plan.nodes > 1:
                 self._start_cluster(plan)
-            for i, engine in enumerate(self.engines):  # one after another: measured safer on one GPU
+            # One after another, each healthy and warmed before the next starts (BENCHMARKS.md, "Several
+            # engines on one GPU"): with every engine started first and warmed after, the second
+            # engine's first request never answered on an H200.
+            for i, engine in enumerate(self.engines):
+                launch = time.monotonic()
                 self.say(f"{engine.name}: " + " ".join(engine.argv))
                 engine.start()
                 if i == 0:
@@ -132,19 +137,25 @@ class Server:
                 self.update("starting", f"launching vLLM ({engine.name})" if plan.routed else "launching vLLM", 0.04)
                 engine.wait_healthy(plan.served_name, e.api_key, e.start_timeout_s, self._on_phase)
                 self._lower_engine_core(engine, plan)
+                to_health += time.monotonic() - launch
+                warm_t0 = time.monotonic()
+                if e.warmup:
+                    records.append(self._warm(engine, plan))
+                warm_s += time.monotonic() - warm_t0
         except EngineStartError as err:
             self._stop_engines()
             self.fail(str(err))
             return False
-        to_health = time.monotonic() - launch
-        warm_t0 = time.monotonic()
-        if not self._warm_up():
+        except (WarmupError, httpx.HTTPError) as err:
+            self._stop_engines()
+            self.fail(f"warm-up failed: {err}")
             return False
+        self._record_warmup(records[0] if records else WarmupRecord(disabled=True))
         if plan.routed and not self._start_router(plan):
             return False
         self.status.startup = {
             "to_health_s": round(to_health, 1),
-            "warmup_s": round(time.monotonic() - warm_t0, 1),
+            "warmup_s": round(warm_s, 1),
             "total_s": round(time.monotonic() - self.t0, 1),
             **(self.engines[0].log.splits or {}),
         }
@@ -212,21 +223,9 @@ class Server:
         self.status.router = report["router"]
         self.status.engines = [{**seen, "pid": e.pid} for seen, e in zip(report["engines"], self.engines, strict=True)]
 
-    def _warm_up(self) -> bool:
-        """Every engine, each straight (the router is not up yet); the first engine's record is kept."""
+    def _record_warmup(self, record: WarmupRecord) -> None:
+        """Keep the first engine's warm-up record (status, the run dir, the terminal)."""
         assert self.planned is not None
-        plan = self.planned.plan
-        if not self.settings.engine.warmup:
-            record = WarmupRecord(disabled=True)
-        else:
-            self.update("warming", "warming up", 0.92)
-            try:
-                records = [self._warm(engine, plan) for engine in self.engines]
-            except (WarmupError, httpx.HTTPError) as err:
-                self._stop_engines()
-                self.fail(f"warm-up failed: {err}")
-                return False
-            record = records[0]
         self.status.warmup = record
         self.run_dir.write_warmup(record)
         if not record.disabled:
@@ -235,11 +234,12 @@ class Server:
                 f"warm-up: first request TTFT {record.first_ttft_s * 1000:.0f} ms, steady "
                 f"{record.steady_ttft_s * 1000:.0f} ms ({record.first_over_steady}x), "
                 f"{record.requests} requests in {record.duration_s:.1f} s"
-                + (f", on each of {len(self.engines)} engines" if plan.routed else "")
+                + (f", on each of {len(self.engines)} engines" if self.planned.plan.routed else "")
             )
-        return True
 
     def _warm(self, engine: Engine, plan: Plan) -> WarmupRecord:
+        self.update("warming", "warming up", 0.92)
+
         def progress(msg: str, frac: float) -> None:
             where = f"{engine.name}: " if plan.routed else ""
             self.update("warming", f"warm-up: {where}{msg}", 0.92 + 0.07 * frac)

@@ -5,9 +5,9 @@ core per engine core) is the ceiling, not the GPU (about 9 % of its memory bandw
 concurrent). Measured on one H200 with 16 cores, full-size ERNIE-4.5-0.3B shape, ``vllm bench
 serve`` 512 in / 128 out at 256 concurrent (BENCHMARKS.md, "Several engines on one GPU"): one
 engine 12-20k output tok/s; two engines of 0.42 of the memory each, behind one endpoint,
-31-33k with half the p99 TTFT. A big model keeps one engine per GPU group. Not yet the
-default: through ``serve`` on an H200 the second engine's first request hung (BENCHMARKS.md),
-so the planner proposes it in its reason and a pin turns it on.
+31-33k with half the p99 TTFT; through ``serve`` and the router, against ``vllm serve`` defaults
+in the same device call, 1.32x at 128 and 1.62x at 256 concurrent with a quarter to a half of
+their p99 TTFT (2026-12-02). A big model keeps one engine per GPU group.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 from config.errors import PlanError
 from config.hardware import GPUInfo, Hardware
-from config.model import ModelSpec
 from config.plan import GIB
 from config.rules.memory import CUDA_RUNTIME_RESERVE, DEFAULT_GPU_UTILIZATION
+from config.settings import WorkloadSettings
 
 if TYPE_CHECKING:
     from config.planner import Draft
@@ -33,13 +33,23 @@ MAX_ENGINES_PER_GPU = 2
 """Measured with two; more are unmeasured."""
 SHARED_UTILIZATION = 0.84
 """The GPU's memory share all engines on it take together (two engines: 0.42 each, measured)."""
+SHARED_MIN_USERS = 128
+"""Expected users from which engines share a GPU. Two engines on one H200 gave 1.32x and 1.62x
+vLLM's defaults at 128 and 256 concurrent, but at 16 they gave 0.72x one engine direct (4.25k
+against 5.87k tok/s): two processes time-slice the GPU, and a light load gains nothing on the host."""
 
 
 def gpu_engines(
-    draft: Draft, hardware: Hardware, model: ModelSpec, weights: int, world: int, groups: int, smallest: GPUInfo
+    draft: Draft,
+    hardware: Hardware,
+    workload: WorkloadSettings,
+    weights: int,
+    world: int,
+    groups: int,
+    smallest: GPUInfo,
 ) -> int:
-    """Set engines_per_gpu for a GPU plan: two on a big GPU for a small model when the host has
-    the cores for them, else one."""
+    """Set engines_per_gpu for a GPU plan: two on a big GPU for a small model under heavy load
+    when the host has the cores for them, else one."""
     cores = hardware.node.cpu_cores
     per_group_cores = cores // max(groups, 1)
     fit = min(MAX_ENGINES_PER_GPU, per_group_cores // CORES_PER_ENGINE)
@@ -56,13 +66,20 @@ def gpu_engines(
             1,
             f"one engine per GPU: {per_group_cores} host cores per GPU feed one engine ({CORES_PER_ENGINE} each)",
         )
-    else:
+    elif workload.users < SHARED_MIN_USERS:
         n, why = (
             1,
-            f"one engine per GPU for now: {fit} would fit (a {weights / GIB:.1f} GiB model leaves a big GPU mostly "
-            "idle; by hand, two engines on one H200 gave 2.4x one engine's tokens/s at 256 concurrent), but through "
-            "`serve` the second engine's first request hung on an H200 (2026-12-02, BENCHMARKS.md); pin "
-            f"engines_per_gpu={fit} to run {fit} behind the router",
+            f"one engine per GPU for {workload.users} users: {fit} would share it from {SHARED_MIN_USERS} users "
+            "(measured on one H200: 1.32-1.62x vLLM's defaults at 128-256 concurrent, but 0.72x one engine at 16, "
+            "where two processes time-slicing the GPU cost more than the host side gains)",
+        )
+    else:
+        n, why = (
+            fit,
+            f"{fit} engines per GPU: a {weights / GIB:.2g} GiB model leaves a big GPU mostly idle and one engine's "
+            f"host side is the ceiling; {per_group_cores} cores feed {fit} ({CORES_PER_ENGINE} each). Measured on one "
+            "H200, 16 cores, against `vllm serve` defaults: 1.32x the tokens/s at 128 concurrent, 1.62x at 256, "
+            "p99 TTFT a quarter to a half (BENCHMARKS.md)",
         )
     return int(draft.set("engines_per_gpu", n, why))
 

@@ -48,7 +48,7 @@ def plan_gpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
         draft, hardware, model, workload, usable, gpn, mnbt_guess, seqs_guess, min_tokens, smallest
     )
     dp = choose_replicas(draft, hardware, tp, pp, gpn)
-    engines = gpu_engines(draft, hardware, model, weights_per_gpu(model, tp, pp), tp * pp, dp, smallest)
+    engines = gpu_engines(draft, hardware, workload, weights_per_gpu(model, tp, pp), tp * pp, dp, smallest)
     if engines > 1:
         usable = share_memory(draft, engines, smallest, weights_per_gpu(model, tp, pp))
 

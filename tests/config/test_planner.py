@@ -384,11 +384,16 @@ def test_engines_per_gpu_two_on_a_big_gpu_when_pinned_each_with_its_share_and_th
     assert "the router" in p.summary()
 
 
-def test_engines_per_gpu_default_says_what_it_would_do_and_why_not_yet() -> None:
+def test_engines_per_gpu_default_two_on_a_big_gpu_for_a_small_model_under_load_one_elsewhere() -> None:
     p = plan("1xH200", users=256)
-    assert p.engines_per_gpu == 1 and not p.routed
-    assert "pin engines_per_gpu=2" in p.reasons["engines_per_gpu"]
+    assert p.engines_per_gpu == 2 and p.routed and p.gpu_memory_utilization == 0.42
+    assert "measured" in p.reasons["engines_per_gpu"].lower()
+    assert plan("1xH200", users=128).engines_per_gpu == 2
+    few = plan("1xH200", users=16)
+    assert few.engines_per_gpu == 1 and not few.routed and "from 128 users" in few.reasons["engines_per_gpu"]
     assert "one engine per GPU" in plan("1xT4").reasons["engines_per_gpu"]
+    assert plan("1xH200", "llama-3.1-8b").engines_per_gpu == 1  # 15 GiB of weights keep the GPU busy
+    assert plan("2xH200-nvlink", users=256, pins={"tensor_parallel_size": "2"}).engines_per_gpu == 1
 
 
 def test_a_memory_split_that_cannot_hold_the_model_is_refused_before_launch() -> None:

@@ -1,0 +1,71 @@
+# Sourced by the GPU-host scripts (gpu-vs-defaults.sh, gpu-page.sh): stage vLLM and the carried
+# packages, and the helpers they share. Results go to $RES; save_results packs it into
+# $OUT/results.tar.gz (the device returns at most 8 files), after every stage, so a call cut
+# at its time limit still returns what it measured.
+[ -f .gpu/stage.sh ] || { echo "no .gpu/ here: carry it (or run in the call right after one that did)"; exit 3; }
+source .gpu/stage.sh || exit 3
+source scripts/gpu-stage-extra.sh
+OUT=${OUT:-bench-results/gpu-$(date +%Y%m%d-%H%M%S)}
+RES=${RES:-/tmp/gpu-results}
+DIR=${ERNIECHAT_MODEL__DEMO_DIR:-/tmp/erniechat-demo-full}
+G="bash scripts/gpu-host.sh"
+mkdir -p "$OUT" "$RES"
+
+save_results() { tar -czf "$OUT/results.tar.gz" -C "$RES" . 2>/dev/null; }
+
+gpu_clean() {  # serve's engines run in their own session: a call's end does not reach them
+  pkill -INT -f "python3 -m backend (serve|up)" 2>/dev/null && sleep 6
+  nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9 2>/dev/null
+  pkill -9 -f vllm_router.launch_router 2>/dev/null
+  sleep 2
+}
+
+diagnose() {  # where every vLLM process is (py-spy from .whl/)
+  { date; nvidia-smi; df -h /dev/shm /tmp; uptime
+    for pid in $(pgrep -f "vllm|VLLM|vllm_router"); do
+      echo "=== pid $pid: $(tr '\0' ' ' < /proc/$pid/cmdline | cut -c1-240)"
+      timeout 20 py-spy dump --pid "$pid" 2>&1 | head -80
+    done; } > "$RES/diagnose.txt" 2>&1
+}
+
+wait_for_line() {  # LOG PATTERN STALL_S LIMIT_S: until LOG has a line matching PATTERN (0), or
+  # `error:`, or no new output for STALL_S, or LIMIT_S in all (1, with diagnose.txt)
+  local log=$1 pattern=$2 stall=$3 limit=$4 t0 now moved last="" line
+  t0=$(date +%s); moved=$t0
+  while :; do
+    grep -q "$pattern" "$log" && return 0
+    grep -q "^error:" "$log" && return 1
+    now=$(date +%s); line=$(tail -c 300 "$log")
+    [ "$line" != "$last" ] && { last=$line; moved=$now; }
+    if (( now - moved > stall || now - t0 > limit )); then
+      echo "stalled at: $(tail -1 "$log" | tr '\r' '\n' | tail -1)"; diagnose; return 1
+    fi
+    sleep 2
+  done
+}
+
+wait_health() {  # URL: until /health answers (at most 600 s)
+  for _ in $(seq 300); do
+    python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" "$1" \
+      2>/dev/null && return 0
+    sleep 2
+  done
+  return 1
+}
+
+vbench() {  # NAME URL C RUN [SERVED]: vLLM's own `vllm bench serve`, random 512 in / 128 out, max(32, 4C) requests
+  local n=$(( $3 * 4 > 32 ? $3 * 4 : 32 ))
+  python3 -m vllm.entrypoints.cli.main bench serve --base-url "$2" --model "${5:-demo}" --tokenizer "$DIR" \
+    --dataset-name random --random-input-len 512 --random-output-len 128 --ignore-eos \
+    --num-prompts "$n" --max-concurrency "$3" --save-result --result-dir "$RES" \
+    --result-filename "$1-c$3-r$4.json" > "$RES/$1-c$3-r$4.log" 2>&1
+  python3 - "$RES/$1-c$3-r$4.json" "$1" "$3" "$4" <<'PY' | tee -a "$RES/summary.txt"
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except OSError:
+    print(f"{sys.argv[2]:9} c={sys.argv[3]:>3} run {sys.argv[4]}: no result"); sys.exit()
+print(f"{sys.argv[2]:9} c={sys.argv[3]:>3} run {sys.argv[4]}: {d['output_throughput']:8.0f} tok/s, "
+      f"TTFT p50 {d['median_ttft_ms']:.1f} p99 {d['p99_ttft_ms']:.1f} ms, failed {d.get('failed', 0)}")
+PY
+}
