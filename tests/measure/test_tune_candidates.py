@@ -56,6 +56,20 @@ def test_gpu_candidates_cover_every_split_the_planner_accepts() -> None:
     assert any(c.values["async_scheduling"] for c in found)
 
 
+def test_gpu_candidates_vary_engines_per_gpu_and_the_stream_interval() -> None:
+    found, _ = candidates("1xH200", users=256)
+    assert found[0].values["engines_per_gpu"] == 2 and found[0].values["stream_interval"] == 16
+    one = next(c for c in found if c.changes == ("engines",))
+    assert one.values["engines_per_gpu"] == 1 and one.pins == {"engines_per_gpu": 1} and not one.plan.routed
+    every = next(c for c in found if c.changes == ("stream",))
+    assert every.values["stream_interval"] == 1 and every.name == "stream interval 1"
+    chosen = order_candidates(found, 2, "throughput", concurrency=256, long_prompt_tokens=512)
+    assert chosen[1].changes == ("engines",), "engines per GPU is the first thing tried after splits"
+    few, _ = candidates("1xH200", users=8)
+    assert few[0].values["engines_per_gpu"] == 1
+    assert any(c.values["engines_per_gpu"] == 2 and c.plan.routed for c in few)
+
+
 def test_splits_the_model_forbids_are_refused_with_the_planners_reason() -> None:
     found, refused = candidates("4xA10-pcie", DATA / "qwen2.5-0.5b.json")
     assert not any(c.values["tensor_parallel_size"] == 4 for c in found)

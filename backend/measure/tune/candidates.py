@@ -2,9 +2,11 @@
 
 Candidates come from the planner's own rules: every parallel split (TP x PP x replicas) that
 uses the GPUs the default uses, crossed with max_num_seqs (the planner's value for that split,
-half, double) and max_num_batched_tokens (the planner's, double); ``make_plan`` with those pins
-decides which are valid. The planner's default plan is always first. Changes that cannot
-matter at the target load (max_num_seqs above the concurrency either way) go last.
+half, double) and max_num_batched_tokens (the planner's, double), and on a GPU with async
+scheduling, engines per GPU (one or two behind the router) and the stream interval (1 or 16):
+the knobs that moved tokens/s on one H200. ``make_plan`` with those pins decides which are
+valid. The planner's default plan is always first. Changes that cannot matter at the target load
+(max_num_seqs above the concurrency either way) go last.
 """
 
 from __future__ import annotations
@@ -27,15 +29,19 @@ TUNED_KEYS = (
     "max_num_seqs",
     "max_num_batched_tokens",
     "async_scheduling",
+    "engines_per_gpu",
+    "stream_interval",
 )
 SPLIT_KEYS = TUNED_KEYS[:3]
 
 # Which single change to try first, per objective (after other parallel splits).
 CHANGE_ORDER = {
-    "throughput": ("split", "seqs x2", "batch x2", "async", "seqs /2"),
-    "balanced": ("split", "seqs x2", "seqs /2", "batch x2", "async"),
-    "latency": ("split", "seqs /2", "batch x2", "async", "seqs x2"),
+    "throughput": ("split", "engines", "seqs x2", "batch x2", "async", "stream", "seqs /2"),
+    "balanced": ("split", "engines", "seqs x2", "seqs /2", "batch x2", "async", "stream"),
+    "latency": ("split", "seqs /2", "engines", "batch x2", "async", "stream", "seqs x2"),
 }
+Knob = tuple[str, tuple[tuple[Any, str, str], ...]]
+"""A plan key and its alternatives to the split's own value: (value, change name, label)."""
 
 
 @dataclass
@@ -47,7 +53,8 @@ class Candidate:
     """Values that differ from the planner's default; the user's own pins are added at start."""
     plan: Plan
     changes: tuple[str, ...] = ()
-    """What differs from the default: 'split', 'seqs /2', 'seqs x2', 'batch x2', 'async'."""
+    """What differs from the default: 'split', 'seqs /2', 'seqs x2', 'batch x2', 'async', 'engines',
+    'stream'."""
     base: dict[str, int] = field(default_factory=dict)
     """The planner's own values for this candidate's split (what 'x2' and '/2' are of)."""
 
@@ -130,27 +137,38 @@ def enumerate_candidates(
             continue
         seqs, batch = base_plan.max_num_seqs, base_plan.max_num_batched_tokens
         base = {"max_num_seqs": seqs, "max_num_batched_tokens": batch}
-        # async scheduling: GPU only (the planner leaves it off and says `tune` measures it).
-        asyncs = (base_plan.async_scheduling, True) if default.device == "cuda" else (base_plan.async_scheduling,)
-        variants = itertools.product((seqs, max(1, seqs // 2), seqs * 2), (batch, batch * 2), asyncs)
-        for seqs_v, batch_v, async_v in variants:
+        knobs = _knobs(base_plan, gpu=default.device == "cuda")
+        for choice in itertools.product(*[(None, *options) for _, options in knobs]):
             pins = dict(split_pins)
             changes: list[str] = ["split"] if split_pins else []
             parts = [_split_name(*split)] if split_pins else []
-            if seqs_v != seqs:
-                pins["max_num_seqs"] = seqs_v
-                changes.append("seqs x2" if seqs_v > seqs else "seqs /2")
-                parts.append(f"seqs {seqs_v}")
-            if batch_v != batch:
-                pins["max_num_batched_tokens"] = batch_v
-                changes.append("batch x2")
-                parts.append(f"batch {batch_v}")
-            if async_v != base_plan.async_scheduling:
-                pins["async_scheduling"] = async_v
-                changes.append("async")
-                parts.append("async scheduling")
+            for (key, _), picked in zip(knobs, choice, strict=True):
+                if picked is not None:
+                    value, change, label = picked
+                    pins[key] = value
+                    changes.append(change)
+                    parts.append(label)
             add(" + ".join(parts) or "default", pins, tuple(changes), base)
     return candidates, rejected
+
+
+def _knobs(base_plan: Plan, *, gpu: bool) -> list[Knob]:
+    """What ``tune`` varies around one split's plan. GPU only: async scheduling (the planner
+    leaves it off and says `tune` measures it), engines per GPU and the stream interval."""
+    seqs, batch = base_plan.max_num_seqs, base_plan.max_num_batched_tokens
+    half = max(1, seqs // 2)
+    knobs: list[Knob] = [
+        ("max_num_seqs", ((half, "seqs /2", f"seqs {half}"), (seqs * 2, "seqs x2", f"seqs {seqs * 2}"))),
+        ("max_num_batched_tokens", ((batch * 2, "batch x2", f"batch {batch * 2}"),)),
+    ]
+    if gpu:
+        if not base_plan.async_scheduling:
+            knobs.append(("async_scheduling", ((True, "async", "async scheduling"),)))
+        engines = 2 if base_plan.engines_per_gpu == 1 else 1
+        knobs.append(("engines_per_gpu", ((engines, "engines", f"{engines} engines per GPU"),)))
+        interval = 1 if base_plan.stream_interval > 1 else 16
+        knobs.append(("stream_interval", ((interval, "stream", f"stream interval {interval}"),)))
+    return knobs
 
 
 def inert_changes(candidate: Candidate, concurrency: int, long_prompt_tokens: int) -> list[str]:

@@ -243,7 +243,8 @@ def print_plan(settings: Settings, options: TuneOptions, tp: TunePlan) -> None:
             f"  {i}. {c.name:30} TP={v['tensor_parallel_size']} PP={v['pipeline_parallel_size']} "
             f"DP={v['data_parallel_size']} max_num_seqs={v['max_num_seqs']} "
             f"max_num_batched_tokens={v['max_num_batched_tokens']}"
-            f"{' async_scheduling' if v['async_scheduling'] else ''}{flag}"
+            f"{' async_scheduling' if v['async_scheduling'] else ''} engines_per_gpu={v['engines_per_gpu']} "
+            f"stream_interval={v['stream_interval']}{flag}"
         )
     for why in tp.refused:
         print(f"  refused by the planner: {why}")
