@@ -10,10 +10,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support.services import ROOT, Engine, backend_env
 
+from backend.engine_api import ChatResult
 from backend.measure.bench import BenchRow, cap_levels, page_added_ttft
 from backend.measure.levels import Load, Target, measure_level, measure_page_level
+from backend.measure.page_floor import figures
 from backend.measure.stats import Level
 from backend.runtime.up import ChatPage
 
@@ -175,3 +178,12 @@ def test_bench_page_measures_the_page_against_direct_and_the_echo_floor(
             lv["paths"]["page"]["ttft_p50_ms"] - lv["paths"]["direct"]["ttft_p50_ms"], 2
         )
     assert "page adds" in done.stdout
+
+
+def test_bench_page_compares_gaps_per_token_not_per_socket_message() -> None:
+    """The page joins tokens into one message every 30 ms: its gap per token is what the user gets."""
+    direct = ChatResult(ttft_s=0.01, tokens=5, token_times=[0.01, 0.02, 0.03, 0.04, 0.05])
+    page = ChatResult(ttft_s=0.02, tokens=5, token_times=[0.02, 0.06])  # the first token, then four joined
+    d, pg = figures([direct]), figures([page])
+    assert d.token_gap_p50_ms == pytest.approx(10.0) and pg.token_gap_p50_ms == pytest.approx(10.0)
+    assert pg.itl_p50_ms == pytest.approx(40.0), "the gap between messages stays on record"
