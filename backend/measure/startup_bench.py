@@ -84,6 +84,7 @@ def idle_round(server: Server, seconds: float) -> dict[str, Any]:
         "idle_s": seconds,
         "slept_s": round(slept, 1),
         "load1": round(load, 2),
+        "at": round(time.time(), 1),
         "paths": paths,
     }
 
