@@ -24,7 +24,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_plan_options(p)
     p.add_argument("--out", help="output directory (default bench-results/startup-<time>)")
     p.add_argument("--warmup", choices=["both", "on", "off"], default="both", help="start with warm-up on, off or both")
-    p.add_argument("--idle", default="", help="seconds of idling, e.g. 30,120: each path's first request after")
+    p.add_argument(
+        "--idle",
+        default="",
+        help="idle rounds in seconds, in order, repeats allowed (e.g. 30,120,30,120): each path's first request after",
+    )
     p.add_argument("--page", action="store_true", help="also start the chat page and time its first new chats")
 
 
@@ -52,12 +56,20 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 print(
                     f"  {name:28} first {w['first_ttft_s'] * 1000:6.1f} ms, steady {w['steady_ttft_s'] * 1000:6.1f} ms"
                 )
-            for seconds, paths in run["after_idle_s"].items():
-                worst = max(paths.items(), key=lambda kv: kv[1]["first_over_steady"])
-                print(f"  after {seconds} s idle: worst path {worst[0]} x{worst[1]['first_over_steady']}")
-            if run["page_chat_ttfts_s"]:
-                first, *later = run["page_chat_ttfts_s"]
-                print(f"  page: first new chat {first * 1000:.1f} ms, later {statistics.median(later) * 1000:.1f} ms")
+            for rnd in run["after_idle_s"]:
+                page, w = next(iter(rnd["paths"].items()))
+                worst = max(rnd["paths"].items(), key=lambda kv: kv[1]["first_over_steady"])
+                print(
+                    f"  after {rnd['slept_s']:g} s idle (load {rnd['load1']}): {page} first "
+                    f"{w['first_ttft_s'] * 1000:.1f} ms, steady {w['steady_ttft_s'] * 1000:.1f} ms "
+                    f"(x{w['first_over_steady']}); worst path {worst[0]} x{worst[1]['first_over_steady']}",
+                    flush=True,
+                )
+            for i, (first, *later) in enumerate(run["page_chat_ttfts_s"]):
+                seen = [x for x in later if x is not None]
+                steady = statistics.median(seen) if seen else None
+                ratio = f"x{first / steady:.2f}" if first and steady else "no visible text in one of them"
+                print(f"  page start {i + 1}: first new chat {first} s, later (median) {steady} s ({ratio})")
         else:
             print(f"  failed: {run['error']}", flush=True)
     report = {"machine": this_machine(), "model": settings.model.id, "runs": runs}

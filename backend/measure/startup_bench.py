@@ -6,13 +6,17 @@ time to first token. Without warm-up the first user pays for what vLLM does on f
 (kernel compilation, allocator growth); with it, the first user sees the steady state.
 Then, per request path (``engine_api.KINDS``: chat or completions, streamed or whole, sampled
 or greedy), its first request against its steady state; optionally again after the engine sat
-idle; and optionally the chat page: its first new chat after it answers against later ones.
+idle (rounds in the order given, repeats allowed: ``--idle 30,120,30,120``); and optionally
+the chat page, started as ``up`` starts it (its first use paid before ``chat:``) several times
+over: each start's first new chat against later ones.
 Output: a table, ``startup.json`` and ``startup.png`` (``plots.plot_startup``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -25,50 +29,79 @@ from backend.engine_api import KINDS, ask, request
 from backend.measure.page_client import PageSession
 from backend.measure.prompts import prompt_of
 from backend.runtime.process import free_port
-from backend.runtime.serve import logged_server
-from backend.runtime.up import ChatPage
+from backend.runtime.serve import Server, logged_server
+from backend.runtime.up import WATCH_S, ChatPage
 from config.settings import Settings
 
 USER_REQUESTS = 6
 REPLY_TOKENS = 16
 PATH_REQUESTS = 4
 PAGE_CHATS = 6
+PAGE_STARTS = 3
+NO_VISIBLE_REPLY = "the page answered without a reply"
 
 
 async def path_warmth(base_url: str, model: str, api_key: str | None) -> dict[str, dict[str, float]]:
-    """Per request path: the first request's TTFT against the median of the next few."""
-    out: dict[str, dict[str, float]] = {}
+    """Per request path: its first request against the median of the next few. Every path's first
+    request goes out before any path's steady ones, so each first meets the engine as the others
+    left it (after idling: only the first path meets the idle engine itself)."""
+    timed: dict[str, list[float]] = {kind.name: [] for kind in KINDS}
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0)) as client:
-        for kind in KINDS:
-            ttfts = []
-            for _ in range(PATH_REQUESTS):
-                res = await request(
-                    client, base_url, model, kind, prompt_of(40), max_tokens=REPLY_TOKENS, api_key=api_key
-                )
-                if not res.ok:
-                    raise RuntimeError(f"{kind.name} request failed: {res.error}")
-                ttfts.append(res.ttft_s or 0.0)
-            steady = statistics.median(ttfts[1:])
-            out[kind.name] = {
-                "first_ttft_s": round(ttfts[0], 4),
-                "steady_ttft_s": round(steady, 4),
-                "first_over_steady": round(ttfts[0] / steady, 2) if steady else 0.0,
-            }
+        for n in (1, PATH_REQUESTS - 1):
+            for kind in KINDS:
+                for _ in range(n):
+                    res = await request(
+                        client, base_url, model, kind, prompt_of(40), max_tokens=REPLY_TOKENS, api_key=api_key
+                    )
+                    if not res.ok:
+                        raise RuntimeError(f"{kind.name} request failed: {res.error}")
+                    timed[kind.name].append(res.ttft_s or 0.0)
+    out: dict[str, dict[str, float]] = {}
+    for name, ttfts in timed.items():
+        steady = statistics.median(ttfts[1:])
+        out[name] = {
+            "first_ttft_s": round(ttfts[0], 4),
+            "steady_ttft_s": round(steady, 4),
+            "first_over_steady": round(ttfts[0] / steady, 2) if steady else 0.0,
+        }
     return out
 
 
-async def page_first_chats(page_url: str, n: int = PAGE_CHATS) -> list[float]:
-    """TTFT of ``n`` new chats through the page's socket, one after another, page defaults."""
-    out = []
+def idle_round(server: Server, seconds: float) -> dict[str, Any]:
+    """Leave the engine alone for ``seconds`` (``serve``'s watch loop running), then every path's
+    first request against its steady state; with the seconds actually idled and the machine's
+    load (others share it)."""
+    t0 = time.monotonic()
+    while (left := seconds - (time.monotonic() - t0)) > 0:
+        time.sleep(min(left, WATCH_S))
+        if not server.check():
+            raise RuntimeError(f"the engine stopped while idle: {server.status.error}")
+    slept = time.monotonic() - t0
+    load = os.getloadavg()[0]
+    assert server.planned is not None
+    paths = asyncio.run(path_warmth(server.base_url, server.planned.plan.served_name, server.settings.engine.api_key))
+    return {
+        "idle_s": seconds,
+        "slept_s": round(slept, 1),
+        "load1": round(load, 2),
+        "at": round(time.time(), 1),
+        "paths": paths,
+    }
+
+
+async def page_first_chats(page_url: str, n: int = PAGE_CHATS) -> list[float | None]:
+    """TTFT of ``n`` new chats through the page's socket, one after another, page defaults; None
+    for a reply with no visible text (the demo model's random weights can give one)."""
+    out: list[float | None] = []
     for _ in range(n):
         tab = await PageSession(page_url).connect()
         try:
             res = await tab.ask(prompt_of(24))
         finally:
             await tab.close()
-        if res.error:
+        if res.error and not res.error.startswith(NO_VISIBLE_REPLY):
             raise RuntimeError(f"page chat failed: {res.error}")
-        out.append(res.ttft_s or 0.0)
+        out.append(res.ttft_s)
     return out
 
 
@@ -101,17 +134,17 @@ def measure_start(
         model, key = server.planned.plan.served_name, s.engine.api_key
         ttfts = asyncio.run(_user_requests(server.base_url, model, key, USER_REQUESTS))
         paths = asyncio.run(path_warmth(server.base_url, model, key))
-        idle: dict[str, dict[str, dict[str, float]]] = {}
-        for seconds in idle_s:
-            time.sleep(seconds)
-            idle[f"{seconds:g}"] = asyncio.run(path_warmth(server.base_url, model, key))
-        page_ttfts: list[float] = []
-        if page:
-            page_ttfts = _page_chats(s, run_dir)
+        idle = []
+        with open(run_dir / "idle.jsonl", "a") as log:  # each round as it ends: a long run keeps what it measured
+            for seconds in idle_s:
+                idle.append(idle_round(server, seconds))
+                log.write(json.dumps(idle[-1]) + "\n")
+                log.flush()
+        page_ttfts = _page_chats(s, run_dir) if page else []
         return {
             "paths": paths,
             "after_idle_s": idle,
-            "page_chat_ttfts_s": [round(x, 4) for x in page_ttfts],
+            "page_chat_ttfts_s": [[None if x is None else round(x, 4) for x in chats] for chats in page_ttfts],
             "warmup": warmup,
             "ok": True,
             "ready_s": round(ready_s, 1),
@@ -124,17 +157,21 @@ def measure_start(
         }
 
 
-def _page_chats(settings: Settings, run_dir: Path) -> list[float]:
-    """Start the page as ``up`` does (its first use paid before it counts as serving), then time new chats."""
-    s = settings.model_copy(deep=True)
-    s.app.port = free_port()
-    s.app.host = "127.0.0.1"
-    page = ChatPage.for_settings(s)
-    page.start()
-    try:
-        why = page.wait_serving()
-        if why:
-            raise RuntimeError(why)
-        return asyncio.run(page_first_chats(page.url))
-    finally:
-        page.stop()
+def _page_chats(settings: Settings, run_dir: Path, starts: int = PAGE_STARTS) -> list[list[float | None]]:
+    """Start the page as ``up`` does (serving, then its first use paid) ``starts`` times; each
+    start's new chats, timed (the first of each list is the first user's)."""
+    out = []
+    for _ in range(starts):
+        s = settings.model_copy(deep=True)
+        s.app.port = free_port()
+        s.app.host = "127.0.0.1"
+        page = ChatPage.for_settings(s)
+        page.start()
+        try:
+            why = page.wait_serving() or page.pay_first_use()
+            if why:
+                raise RuntimeError(why)
+            out.append(asyncio.run(page_first_chats(page.url)))
+        finally:
+            page.stop()
+    return out

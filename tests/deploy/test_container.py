@@ -220,8 +220,8 @@ def test_the_demo_container_serves_the_page_with_login_and_stops_clean(
     state = json.loads(podman("inspect", "--format", "{{json .State}}", name).stdout)
     print(f"stop: {stop_s:.1f} s, exit code {state['ExitCode']}")
     assert state["Status"] == "exited"
+    # 143: SIGTERM's own exit, after stopping all; killed at the end of --time it would be 137
     assert state["ExitCode"] == 143, f"`up` must exit on SIGTERM after stopping all (not be killed): {state}"
-    assert stop_s < 60
     assert container_processes(cid) == []
     logs = podman("logs", name).stdout + podman("logs", name).stderr
     assert "Traceback" not in logs, logs[-3000:]

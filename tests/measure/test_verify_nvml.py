@@ -85,8 +85,11 @@ def test_sampler_keeps_phases_apart() -> None:
     nvml = FakeNVML(["GPU-a", "GPU-b"], nvlinked=set())
     with Sampler(nvml, {0: 0, 1: 1}, interval_s=0.01) as sampler:
         time.sleep(0.1)  # no phase: nothing sampled
-        with sampler.during("load"):
-            time.sleep(0.1)
+        with sampler.during("load"):  # until a whole sample is in: a busy machine only delays it
+            deadline = time.monotonic() + 60
+            while len(sampler.pcie) < 2:
+                assert time.monotonic() < deadline, "the sampler thread took no sample in 60 s"
+                time.sleep(0.01)
     assert sampler.samples("prompts") == {0: [], 1: []}
     load = sampler.samples("load")
     assert load[0] and set(load[0]) == {70.0} and set(load[1]) == {71.0}

@@ -20,6 +20,9 @@ DEMO_DIR = Path(os.environ.get("ERNIECHAT_TEST_DEMO_DIR", ROOT / ".run" / "test-
 READY_TIMEOUT_S = 900
 ABANDONED_REPLY_S = 1.5
 """The test chat pages stop a closed tab's reply after this (the product default is 15 s)."""
+PUMP_DRAIN_S = 60.0
+"""Bound on reading a finished child's last output lines (only a child of a child that kept the
+pipe open would reach it)."""
 
 
 def backend_env(run_dir: Path, **extra: str) -> dict[str, str]:
@@ -44,6 +47,7 @@ class BackendProcess:
     env: dict[str, str]
     proc: subprocess.Popen[str] | None = None
     lines: list[str] = field(default_factory=list)
+    pump: threading.Thread | None = None
 
     def start(self) -> BackendProcess:
         self.proc = subprocess.Popen(
@@ -55,13 +59,22 @@ class BackendProcess:
             text=True,
             start_new_session=True,
         )
-        threading.Thread(target=self._pump, daemon=True).start()
+        self.pump = threading.Thread(target=self._pump, daemon=True)
+        self.pump.start()
         return self
 
     def _pump(self) -> None:
         assert self.proc and self.proc.stdout
         for line in self.proc.stdout:
             self.lines.append(line.rstrip("\n"))
+
+    def wait(self, timeout: float) -> int:
+        """The exit code once the process has ended and every line it wrote has been read."""
+        assert self.proc is not None and self.pump is not None
+        code = self.proc.wait(timeout)
+        self.pump.join(PUMP_DRAIN_S)  # until the pipe's end of file, not a guessed pause
+        assert not self.pump.is_alive(), f"its output pipe stayed open {PUMP_DRAIN_S:.0f} s after it exited"
+        return code
 
     def wait_for_line(self, prefix: str, timeout: float = READY_TIMEOUT_S) -> str:
         deadline = time.monotonic() + timeout
@@ -70,7 +83,7 @@ class BackendProcess:
                 if line.startswith(prefix):
                     return line
             if self.proc and self.proc.poll() is not None:
-                time.sleep(0.5)  # let the pump drain
+                self.wait(0)
                 for line in list(self.lines):
                     if line.startswith(prefix):
                         return line
