@@ -25,6 +25,7 @@ __all__ = [
     "ErniechatError",
     "HardwareError",
     "ModelReadError",
+    "NodeError",
     "PageError",
     "PlanError",
     "SettingsError",
@@ -43,6 +44,11 @@ class EngineStartError(ErniechatError, RuntimeError):
     """The engine could not start; the message says why and what to do."""
 
     exit_code = 1
+
+
+class NodeError(EngineStartError):
+    """A node of a multi-node plan could not take part: it never joined, was refused (another
+    vLLM or other model files), failed or went silent. The message names the node and the fix."""
 
 
 class WarmupError(ErniechatError, RuntimeError):

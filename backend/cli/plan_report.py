@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING
 
+from config.commands import node_parts
 from config.plan import PINNABLE
 
 if TYPE_CHECKING:
@@ -44,6 +45,14 @@ def plan_lines(planned: Planned, width: int = 100) -> list[str]:
     if plan.warnings:
         lines.append("")
         lines.extend(f"warning: {w}" for w in plan.warnings)
+    parts = node_parts(plan)
+    if parts:
+        lines.append("")
+        lines.append(f"nodes ({plan.nodes}):")
+        lines.extend(f"      {w}" for w in textwrap.wrap(plan.reasons.get("nodes", ""), width=width - 8))
+        for part in parts:
+            lines.append(f"  node {part.node}{' (head)' if part.node == 0 else ''}: {part.runs}")
+            lines.append(f"      start: {part.start}")
     lines.append("")
     lines.append("commands:")
     for cmd in plan.commands:

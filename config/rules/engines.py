@@ -53,7 +53,7 @@ def gpu_engines(
     cores = hardware.node.cpu_cores
     per_group_cores = cores // max(groups, 1)
     fit = min(MAX_ENGINES_PER_GPU, per_group_cores // CORES_PER_ENGINE)
-    if hardware.nodes > 1 or world > 1:
+    if world > 1:
         n, why = 1, "one engine per GPU group: the group's GPUs are joined by TP/PP"
     elif smallest.memory_bytes < SHARED_GPU_MIN_BYTES:
         n, why = 1, f"one engine per GPU: {smallest.memory_bytes / GIB:.0f} GiB holds one copy with room for its KV"

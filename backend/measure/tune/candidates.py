@@ -77,8 +77,8 @@ def parallel_splits(hardware: Hardware, default: Plan) -> list[tuple[int, int, i
     if not hardware.has_gpu:
         return [first]
     gpus = len(default.gpus) or hardware.gpus_per_node
-    if hardware.nodes > 1:  # one engine spans the nodes: no replicas
-        total = gpus * hardware.nodes
+    if default.split_across_nodes:  # one engine spans the nodes: no replicas
+        total = gpus * default.nodes
         found = [(tp, total // tp, 1) for tp in range(1, gpus + 1) if total % tp == 0]
     else:
         divisors = [d for d in range(1, gpus + 1) if gpus % d == 0]
