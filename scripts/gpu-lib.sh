@@ -44,6 +44,16 @@ wait_for_line() {  # LOG PATTERN STALL_S LIMIT_S: until LOG has a line matching 
   done
 }
 
+start_backend() {  # LOG READY_PATTERN ARGS...: `python -m backend ARGS` in the background until it
+  # prints READY_PATTERN; keeps the run dir's logs and shows the key lines; 0 once ready
+  local log=$1 ready=$2; shift 2
+  $G "$@" > "$log" 2>&1 &
+  wait_for_line "$log" "$ready" 100 480
+  cp /tmp/erniechat-run/*.log "$RES/" 2>/dev/null
+  grep -h "^plan:\|^ready:\|^chat:\|^error:\|^warm-up:\|^router:\|^engine " "$log" | cut -c1-400
+  grep -q "$ready" "$log"
+}
+
 wait_health() {  # URL: until /health answers (at most 600 s)
   for _ in $(seq 300); do
     python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" "$1" \

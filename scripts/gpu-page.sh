@@ -16,11 +16,7 @@ trap 'gpu_clean; save_results' EXIT
 gpu_clean
 [ -d "$DIR" ] || $G demo-model "$DIR" --full-size | tail -1
 
-$G up --model demo --users 64 "$@" > "$RES/up.log" 2>&1 &
-wait_for_line "$RES/up.log" "^chat:" 100 420
-cp /tmp/erniechat-run/*.log "$RES/" 2>/dev/null
-grep -h "^plan:\|^ready:\|^chat:\|^error:\|^warm-up:" "$RES/up.log" | cut -c1-300
-if grep -q "^chat:" "$RES/up.log"; then
+if start_backend "$RES/up.log" "^chat:" up --model demo --users 64 "$@"; then
   $G status --json > "$RES/status.json"
   python3 - <<'PY' | tee "$RES/first-use.json"
 import asyncio, json

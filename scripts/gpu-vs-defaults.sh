@@ -18,11 +18,7 @@ $G demo-model "$DIR" --full-size | tail -1
 echo "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader)"
 
 # 1. the project's plan, as `serve` starts it (first: its start-up is the longer)
-$G serve --model demo --users 256 "$@" > "$RES/project-serve.log" 2>&1 &
-wait_for_line "$RES/project-serve.log" "^ready:" 100 480
-cp /tmp/erniechat-run/*.log "$RES/" 2>/dev/null
-grep -h "^plan:\|^ready:\|^error:\|^warm-up:\|^router:\|^engine " "$RES/project-serve.log" | cut -c1-400
-if grep -q "^ready:" "$RES/project-serve.log"; then
+if start_backend "$RES/project-serve.log" "^ready:" serve --model demo --users 256 "$@"; then
   $G status --json > "$RES/project-status.json"
   vbench project http://127.0.0.1:8000 16 warm
   for c in $LEVELS; do for r in $(seq "$REPEATS"); do vbench project http://127.0.0.1:8000 "$c" "$r"; done; done

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from support.services import ROOT, Engine, backend_env
+from support.services import Engine, run_backend
 
 from backend.measure.verify.checks import Check, Report, overall
 from backend.measure.verify.run import descendants, render
@@ -27,14 +26,7 @@ GPU_CHECKS = ("one process per GPU", "GPU memory balance", "GPU utilisation", "l
 
 
 def verify(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "backend", "verify", *args],
-        cwd=ROOT,
-        env=backend_env(run_dir),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_backend(run_dir, "verify", *args)
 
 
 def by_name(checks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

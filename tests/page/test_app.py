@@ -23,6 +23,7 @@ import pytest
 from support.app_client import ChatClient
 from support.held import held, open_streams, wait_for_streams
 from support.services import ABANDONED_REPLY_S, BackendProcess, Engine, backend_env
+from support.waiting import group_gone
 
 from backend.engine_api import ChatResult, fetch_metrics, total
 from backend.errors import TooLong
@@ -85,14 +86,6 @@ def groups_of(*needles: str) -> dict[int, str]:
         except (OSError, ProcessLookupError):
             continue
     return found
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 # -- the pieces, without servers --------------------------------------------------------------
@@ -320,9 +313,9 @@ def test_up_serves_engine_and_page_then_ctrl_c_stops_everything(tmp_path: Path) 
         code = up.stop(signal.SIGINT, timeout=60)
     assert code in (0, 1, 130), up.output()
     deadline = time.monotonic() + 20
-    while any(group_alive(g) for g in groups) and time.monotonic() < deadline:
+    while not all(group_gone(g) for g in groups) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = {g: cmd for g, cmd in groups.items() if group_alive(g)}
+    left = {g: cmd for g, cmd in groups.items() if not group_gone(g)}
     assert not left, f"left behind after Ctrl-C: {left}"
     print(f"up: Ctrl-C to all stopped in {time.monotonic() - t0:.1f} s")
 

@@ -20,7 +20,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.services import ENGINE_PYTHON, ROOT, BackendProcess, backend_env
+from support.services import ENGINE_PYTHON, ROOT, BackendProcess, backend_env, run_backend
 from support.waiting import DEADLINE_S, group_gone, wait_until
 
 from backend.engine_api import ChatResult, chat, parse_metrics, total
@@ -192,14 +191,7 @@ def test_replicas_on_two_nodes_behind_the_router(tmp_path: Path) -> None:
             "engine 0": f"http://127.0.0.1:{nodes.port + 1}",
             "node 1 engine 0": (f"http://127.0.0.1:{worker_port + 1}"),
         }, status.engines
-        done = subprocess.run(
-            [sys.executable, "-m", "backend", "status"],
-            cwd=ROOT,
-            env=backend_env(nodes.head_dir),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = run_backend(nodes.head_dir, "status", timeout=60)
         assert "node 1 engine 0: http://127.0.0.1:" in done.stdout and "in rotation, healthy" in done.stdout, (
             done.stdout
         )
@@ -333,12 +325,5 @@ def test_a_node_with_another_vllm_is_refused_with_both_versions() -> None:
     ],
 )
 def test_worker_flags_need_each_other(tmp_path: Path, args: list[str], message: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "backend", "serve", *args],
-        cwd=ROOT,
-        env=backend_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_backend(tmp_path, "serve", *args, timeout=120)
     assert done.returncode == 2 and message in done.stderr, done.stderr

@@ -25,6 +25,18 @@ PUMP_DRAIN_S = 60.0
 pipe open would reach it)."""
 
 
+def run_backend(run_dir: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m backend ARGS`` to its end, with ``run_dir``'s environment; its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "backend", *args],
+        cwd=ROOT,
+        env=backend_env(run_dir),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def backend_env(run_dir: Path, **extra: str) -> dict[str, str]:
     """Environment for a ``python -m backend`` child: its own run dir, the shared demo model."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ERNIECHAT_")}
