@@ -37,6 +37,12 @@ SHARED_MIN_USERS = 128
 """Expected users from which engines share a GPU. Two engines on one H200 gave 1.32x and 1.62x
 vLLM's defaults at 128 and 256 concurrent, but at 16 they gave 0.72x one engine direct (4.25k
 against 5.87k tok/s): two processes time-slice the GPU, and a light load gains nothing on the host."""
+SHARED_MEASURED = (
+    "measured on one H200, 16 cores: 1.32x / 1.62x `vllm serve` defaults' tokens/s at 128 / 256 concurrent "
+    "with a quarter to a half of their p99 TTFT, but 0.72x one engine at 16, where two processes time-slicing "
+    "the GPU cost more than the host side gains (BENCHMARKS.md)"
+)
+"""The figures behind both answers of :func:`gpu_engines` for a small model on a big GPU."""
 
 
 def gpu_engines(
@@ -70,16 +76,14 @@ def gpu_engines(
         n, why = (
             1,
             f"one engine per GPU for {workload.users} users: {fit} would share it from {SHARED_MIN_USERS} users "
-            "(measured on one H200: 1.32-1.62x vLLM's defaults at 128-256 concurrent, but 0.72x one engine at 16, "
-            "where two processes time-slicing the GPU cost more than the host side gains)",
+            f"({SHARED_MEASURED})",
         )
     else:
         n, why = (
             fit,
             f"{fit} engines per GPU: a {weights / GIB:.2g} GiB model leaves a big GPU mostly idle and one engine's "
-            f"host side is the ceiling; {per_group_cores} cores feed {fit} ({CORES_PER_ENGINE} each). Measured on one "
-            "H200, 16 cores, against `vllm serve` defaults: 1.32x the tokens/s at 128 concurrent, 1.62x at 256, "
-            "p99 TTFT a quarter to a half (BENCHMARKS.md)",
+            f"host side is the ceiling; {per_group_cores} cores feed {fit} ({CORES_PER_ENGINE} each); "
+            f"{SHARED_MEASURED}",
         )
     return int(draft.set("engines_per_gpu", n, why))
 
