@@ -17,6 +17,7 @@ gpu_clean() {  # serve's engines run in their own session: a call's end does not
   pkill -INT -f "python3 -m backend (serve|up)" 2>/dev/null && sleep 6
   nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9 2>/dev/null
   pkill -9 -f vllm_router.launch_router 2>/dev/null
+  pkill -9 -f "vllm.entrypoints.cli.main serve" 2>/dev/null
   sleep 2
 }
 
@@ -63,19 +64,14 @@ wait_health() {  # URL: until /health answers (at most 600 s)
   return 1
 }
 
-vbench() {  # NAME URL C RUN [SERVED]: vLLM's own `vllm bench serve`, random 512 in / 128 out, max(32, 4C) requests
-  local n=$(( $3 * 4 > 32 ? $3 * 4 : 32 ))
-  python3 -m vllm.entrypoints.cli.main bench serve --base-url "$2" --model "${5:-demo}" --tokenizer "$DIR" \
-    --dataset-name random --random-input-len 512 --random-output-len 128 --ignore-eos \
-    --num-prompts "$n" --max-concurrency "$3" --save-result --result-dir "$RES" \
-    --result-filename "$1-c$3-r$4.json" > "$RES/$1-c$3-r$4.log" 2>&1
-  python3 - "$RES/$1-c$3-r$4.json" "$1" "$3" "$4" <<'PY' | tee -a "$RES/summary.txt"
-import json, sys
-try:
-    d = json.load(open(sys.argv[1]))
-except OSError:
-    print(f"{sys.argv[2]:9} c={sys.argv[3]:>3} run {sys.argv[4]}: no result"); sys.exit()
-print(f"{sys.argv[2]:9} c={sys.argv[3]:>3} run {sys.argv[4]}: {d['output_throughput']:8.0f} tok/s, "
-      f"TTFT p50 {d['median_ttft_ms']:.1f} p99 {d['p99_ttft_ms']:.1f} ms, failed {d.get('failed', 0)}")
-PY
+vbench() {  # NAME URL SERVED C:RUN...: vLLM's own `vllm bench serve` (scripts/vbench_many.py: all
+  # runs in one process), random 512 in / 128 out, max(32, 4C) requests, a line each in summary.txt
+  local name=$1 url=$2 served=$3; shift 3
+  python3 scripts/vbench_many.py "$RES" "$DIR" "$name" "$url" "$served" "$@"
+}
+
+levels() {  # RUNS LEVEL...: "C:RUN" for every level and run 1..RUNS, levels in turn, after a warm level of 16
+  local runs=$1 c r; shift
+  echo -n "16:warm"
+  for r in $(seq "$runs"); do for c in "$@"; do echo -n " $c:$r"; done; done
 }

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # On a GPU host (.gpu/ carried, and .whl/ with the router, chainlit's wheels and py-spy; see
-# scripts/gpu-host.sh): `up` (the plan's engines, the router, the chat page), then
+# scripts/gpu-host.sh): `up` (the plan's engines, the router when there are several, the chat
+# page), then
 #   1. the page's first new chats right after `chat:` against later ones, and every request
-#      path's first request after `ready:` against its steady state (through the router);
-#   2. `bench --page`: the page against the engine direct at 1, 16 and 64 chats;
-#   3. the router's added TTFT: vLLM's `vllm bench serve` at 1 and 16 against engine 0 direct;
-#   4. `bench-page`: the page's added TTFT against a Chainlit echo app's floor;
-#   5. with DEFAULTS_RUNS=N: N runs at 256 concurrent against the plan, then (after stopping `up`)
-#      against vLLM's defaults.
+#      path's first request after `ready:` against its steady state;
+#   2. `bench --page`: the page against the engine direct at 1, 16 and 64 chats, with the
+#      Chainlit process's CPU seconds over the run and its profile (py-spy, collapsed stacks);
+#   3. `bench-page`: the page's added TTFT against a Chainlit echo app's floor;
+#   4. with ROUTER_TTFT=1: the router's added TTFT (`vllm bench serve` at 1 and 16, engine 0 direct).
 #   OUT=/tmp/r bash scripts/gpu-page.sh [up flags...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +15,8 @@ source scripts/gpu-lib.sh
 trap 'gpu_clean; save_results' EXIT
 gpu_clean
 [ -d "$DIR" ] || $G demo-model "$DIR" --full-size | tail -1
+
+cpu_s() { awk '{print ($14 + $15) / 100}' "/proc/$1/stat"; }  # user + system seconds (100 Hz ticks)
 
 if start_backend "$RES/up.log" "^chat:" up --model demo --users 64 "$@"; then
   $G status --json > "$RES/status.json"
@@ -26,24 +28,24 @@ paths = asyncio.run(path_warmth("http://127.0.0.1:8000/v1", "demo", None))
 print(json.dumps({"page_first_chats_ttft_s": page, "paths_after_ready": paths}))
 PY
   save_results
+  page_pid=$(pgrep -f "chainlit run" | head -1)
+  c0=$(cpu_s "$page_pid"); t0=$(date +%s.%N)
+  py-spy record --pid "$page_pid" --format raw --rate 100 --nonblocking -o "$RES/chainlit-spy.txt" \
+    > "$RES/py-spy.log" 2>&1 &
+  spy=$!
   $G bench --page http://127.0.0.1:8080 --concurrency 1,16,64 --max-tokens 128 --out "$RES/page-vs-direct" \
     --label "page vs direct, 1 x H200" 2>&1 | tail -12
+  kill -INT "$spy"; wait "$spy"
+  python3 -c "import sys; c, w = float(sys.argv[2]) - float(sys.argv[1]), float(sys.argv[4]) - float(sys.argv[3]); \
+print(f'chainlit process: {c:.1f} CPU s over {w:.1f} s of bench --page ({c / w:.0%} of one core)')" \
+    "$c0" "$(cpu_s "$page_pid")" "$t0" "$(date +%s.%N)" | tee "$RES/chainlit-cpu.txt"
   save_results
-  for c in 1 16; do for r in 1 2; do
-    vbench router http://127.0.0.1:8000 "$c" "$r"; vbench engine0 http://127.0.0.1:8001 "$c" "$r"
-  done; done
-  save_results
-  for r in $(seq "${DEFAULTS_RUNS:-0}"); do vbench project http://127.0.0.1:8000 256 "b$r"; done
-  save_results
+  if [ -n "${ROUTER_TTFT:-}" ]; then
+    vbench router http://127.0.0.1:8000 demo 1:1 16:1 1:2 16:2
+    vbench engine0 http://127.0.0.1:8001 demo 1:1 16:1 1:2 16:2
+    save_results
+  fi
   $G bench-page --page http://127.0.0.1:8080 --concurrency 1,16 --rounds 6 --max-tokens 64 \
     --out "$RES/page-floor" 2>&1 | tail -12
   save_results
-fi
-gpu_clean; save_results
-if [ -n "${DEFAULTS_RUNS:-}" ]; then
-  python3 -m vllm.entrypoints.cli.main serve "$DIR" --port 8100 > "$RES/defaults-server.log" 2>&1 &
-  if wait_health http://127.0.0.1:8100; then
-    vbench defaults http://127.0.0.1:8100 16 warm "$DIR"
-    for r in $(seq "$DEFAULTS_RUNS"); do vbench defaults http://127.0.0.1:8100 256 "b$r" "$DIR"; done
-  else echo "defaults: not healthy"; tail -20 "$RES/defaults-server.log"; fi
 fi

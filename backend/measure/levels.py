@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from backend.engine_api import ChatResult, ask
-from backend.measure.loadgen import Span, client_processes, fan_out, merge, split
+from backend.measure.loadgen import JobFn, Ready, Span, client_processes, fan_out, merge, split
 from backend.measure.prompts import prompt_of
 from backend.measure.stats import Level, summarize
 
@@ -103,7 +103,9 @@ async def closed_loop(
     return results, wall, len(pending)
 
 
-async def _direct_span(target: Target, load: Load, concurrency: int, n_requests: int) -> Span:
+async def _direct_span(
+    target: Target, load: Load, concurrency: int, n_requests: int, ready: Ready = lambda: None
+) -> Span:
     limits = httpx.Limits(
         max_connections=max(100, concurrency),
         max_keepalive_connections=max(20, concurrency) if load.keepalive else 0,
@@ -124,31 +126,42 @@ async def _direct_span(target: Target, load: Load, concurrency: int, n_requests:
                 session=f"bench-{users}-{worker}",
             )
 
-        cpu0, t0 = time.process_time(), time.perf_counter()
-        results, wall, cut = await closed_loop(concurrency, n_requests, one, load.time_cap_s, load.drain_s)
+        ready()
+        return await _timed(closed_loop(concurrency, n_requests, one, load.time_cap_s, load.drain_s))
+
+
+async def _timed(loop: Awaitable[tuple[list[ChatResult], float, int]]) -> Span:
+    """A closed loop's results as a Span, with the CPU time this process spent on it."""
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    results, wall, cut = await loop
     return Span(results, t0, t0 + wall, cut, time.process_time() - cpu0)
 
 
-def direct_span(job: dict[str, Any]) -> Span:
+def direct_span(job: dict[str, Any], ready: Ready) -> Span:
     """One client process's share of a level: ``{target, load, concurrency, n_requests}``
     (module level: a spawned process imports it)."""
-    return asyncio.run(_direct_span(**job))
+    return asyncio.run(_direct_span(**job, ready=ready))
 
 
 async def measure_level(target: Target, concurrency: int, n_requests: int, load: Load) -> Level:
     """One level straight to vLLM: ``n_requests`` streamed chats, ``concurrency`` at a time,
     each with exactly ``load.max_tokens`` reply tokens (``ignore_eos``)."""
+    return await _spread(direct_span, {"target": target}, concurrency, n_requests, load)
+
+
+async def _spread(fn: JobFn, job: dict[str, Any], concurrency: int, n_requests: int, load: Load) -> Level:
+    """One level as ``fn`` measures it, in one client process or shared by several (``loadgen``)."""
     if concurrency < 1 or n_requests < 1:
         raise ValueError("concurrency and n_requests must be at least 1")
     procs = min(load.processes or client_processes(concurrency), concurrency, n_requests)
+    jobs = [
+        {**job, "load": load, "concurrency": c, "n_requests": n}
+        for c, n in zip(split(concurrency, procs), split(n_requests, procs), strict=True)
+    ]
     if procs <= 1:
-        span = await _direct_span(target, load, concurrency, n_requests)
+        span = await asyncio.to_thread(fn, jobs[0], lambda: None)
     else:
-        jobs = [
-            {"target": target, "load": load, "concurrency": c, "n_requests": n}
-            for c, n in zip(split(concurrency, procs), split(n_requests, procs), strict=True)
-        ]
-        span = merge(await asyncio.to_thread(fan_out, direct_span, jobs, load.time_cap_s + load.drain_s))
+        span = merge(await asyncio.to_thread(fan_out, fn, jobs, load.time_cap_s + load.drain_s))
     level = summarize(
         span.results, concurrency=concurrency, planned=n_requests, wall_s=span.end - span.start, cut_off=span.cut_off
     )
@@ -165,31 +178,61 @@ def short_replies(results: Sequence[ChatResult], max_tokens: int) -> int:
 async def measure_page_level(
     page_url: str, concurrency: int, n_requests: int, load: Load, *, cookie: str | None = None
 ) -> Level:
-    """One level through the chat page: ``concurrency`` browser tabs, the same prompt shapes.
+    """One level through the chat page: ``concurrency`` browser tabs at a time, the same prompt
+    shapes, spread over client processes as the direct path is.
 
-    Every request is the first message of a new chat (a fresh tab), so it carries no history
-    and its prompt matches the direct path's. The tab is opened (and its chat settings set:
-    ``max_tokens``, temperature 0) before the clock of its request starts; opening counts in
-    the level's wall time (tokens/s, requests/s) but not in TTFT. The page cannot ask for
+    Every request is the first message of a new chat (its own tab), so it carries no history
+    and its prompt matches the direct path's. All of a level's tabs are opened (and their chat
+    settings set: ``max_tokens``, temperature 0) before the clock starts, as the direct path's
+    connections are; a process's tabs share one HTTP session. The page cannot ask for
     ``ignore_eos``, so replies may end early (``short_replies``).
     """
+    return await _spread(page_span, {"page_url": page_url, "cookie": cookie}, concurrency, n_requests, load)
+
+
+TAB_OPENS_AT_ONCE = 16
+"""Tabs a client process opens at the same time before a page level starts."""
+
+
+def page_span(job: dict[str, Any], ready: Ready) -> Span:
+    """One client process's share of a page level: ``{page_url, cookie, load, concurrency,
+    n_requests}`` (module level: a spawned process imports it)."""
+    return asyncio.run(_page_span(**job, ready=ready))
+
+
+async def _page_span(
+    page_url: str, cookie: str | None, load: Load, concurrency: int, n_requests: int, ready: Ready
+) -> Span:
+    import aiohttp
+
     from backend.measure.page_client import PageError, PageSession
 
-    async def one(_worker: int, i: int) -> ChatResult:
-        try:
-            tab = PageSession(page_url, cookie=cookie)
-        except PageError as err:  # python-socketio missing
-            return ChatResult(error=str(err))
-        try:
-            await tab.connect()
-            await tab.set_settings(max_tokens=load.max_tokens, temperature=0.0)
-            return await tab.ask(load.prompt(i), timeout=load.time_cap_s + load.drain_s)
-        except PageError as err:
-            return ChatResult(error=str(err))
-        finally:
-            await tab.close()
+    async with aiohttp.ClientSession() as http:
+        gate = asyncio.Semaphore(TAB_OPENS_AT_ONCE)
 
-    results, wall, cut = await closed_loop(concurrency, n_requests, one, load.time_cap_s, load.drain_s)
-    level = summarize(results, concurrency=concurrency, planned=n_requests, wall_s=wall, cut_off=cut)
-    level.short_replies = short_replies(results, load.max_tokens)
-    return level
+        async def open_tab() -> PageSession | PageError:
+            async with gate:
+                try:
+                    tab = PageSession(page_url, cookie=cookie, http_session=http)
+                    await tab.connect()
+                    await tab.set_settings(max_tokens=load.max_tokens, temperature=0.0)
+                except PageError as err:
+                    return err
+                return tab
+
+        tabs = await asyncio.gather(*(open_tab() for _ in range(n_requests)))
+        try:
+
+            async def one(_worker: int, i: int) -> ChatResult:
+                tab = tabs[i]
+                if isinstance(tab, PageError):
+                    return ChatResult(error=str(tab))
+                try:
+                    return await tab.ask(load.prompt(i), timeout=load.time_cap_s + load.drain_s)
+                finally:
+                    await tab.close()
+
+            await asyncio.to_thread(ready)
+            return await _timed(closed_loop(concurrency, n_requests, one, load.time_cap_s, load.drain_s))
+        finally:
+            await asyncio.gather(*(t.close() for t in tabs if isinstance(t, PageSession)))

@@ -71,7 +71,9 @@ class _Ask:
 class PageSession:
     """One browser tab: its own session id; one message at a time, like a person."""
 
-    def __init__(self, url: str, *, cookie: str | None = None) -> None:
+    def __init__(self, url: str, *, cookie: str | None = None, http_session: Any = None) -> None:
+        """``http_session``: an ``aiohttp.ClientSession`` to share with other tabs (one per tab when
+        None); many tabs in one process each with its own session cost the client most of its CPU."""
         try:
             import socketio
         except ImportError:
@@ -79,7 +81,8 @@ class PageSession:
         self.url = url.rstrip("/")
         self.cookie = cookie
         self.session_id = str(uuid.uuid4())
-        self.sio = socketio.AsyncClient(reconnection=False)
+        extra = {"http_session": http_session} if http_session is not None else {}
+        self.sio = socketio.AsyncClient(reconnection=False, **extra)
         self.chat_started = False
         self._ask: _Ask | None = None
         self._changed = asyncio.Event()

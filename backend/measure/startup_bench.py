@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from backend.engine_api import KINDS, ask, request
+from backend.engine_api import KINDS, ask, headers, request
 from backend.measure.page_client import PageSession
 from backend.measure.prompts import prompt_of
 from backend.runtime.process import free_port
@@ -47,6 +47,8 @@ async def path_warmth(base_url: str, model: str, api_key: str | None) -> dict[st
     left it (after idling: only the first path meets the idle engine itself)."""
     timed: dict[str, list[float]] = {kind.name: [] for kind in KINDS}
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0)) as client:
+        # the client's own first use (its connection, its HTTP code's first run), not the engine's
+        (await client.get(f"{base_url.rstrip('/')}/models", headers=headers(api_key))).raise_for_status()
         for n in (1, PATH_REQUESTS - 1):
             for kind in KINDS:
                 for _ in range(n):
@@ -93,6 +95,7 @@ async def page_first_chats(page_url: str, n: int = PAGE_CHATS) -> list[float | N
     """TTFT of ``n`` new chats through the page's socket, one after another, page defaults; None
     for a reply with no visible text (the demo model's random weights can give one)."""
     out: list[float | None] = []
+    await (await PageSession(page_url).connect()).close()  # the client's own first socket, not the page's
     for _ in range(n):
         tab = await PageSession(page_url).connect()
         try:

@@ -15,8 +15,8 @@ from pydantic import BaseModel, model_serializer
 
 from backend.engine_api import ChatResult
 
-DIRECT_ONLY = ("client_processes", "client_busy")
-"""Measured only when the level went straight to the engine; absent from a page level's JSON."""
+CLIENT_FIGURES = ("client_processes", "client_busy")
+"""Measured only when a load generator ran the level; absent from the JSON otherwise."""
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -84,8 +84,8 @@ class Level(BaseModel):
         return self.json_shape(handler(self))
 
     def json_shape(self, data: dict[str, Any]) -> dict[str, Any]:
-        """The dumped fields as the JSON files hold them: the direct path's figures only when measured."""
-        for key in DIRECT_ONLY:
+        """The dumped fields as the JSON files hold them: the client's figures only when measured."""
+        for key in CLIENT_FIGURES:
             if data.get(key) is None:
                 data.pop(key, None)
         return data

@@ -168,14 +168,17 @@ def test_bench_without_an_engine_says_how_to_start_one(tmp_path: Path) -> None:
     assert "no running engine" in done.stderr and "serve" in done.stderr
 
 
-def test_page_level_through_the_chat_page(engine: Engine, chainlit_app: Any) -> None:
-    level = asyncio.run(measure_page_level(chainlit_app.url, 2, 3, Load(max_tokens=16, prompt_words=(12, 40))))
+@pytest.mark.parametrize("processes", [1, 2])
+def test_page_level_through_the_chat_page(engine: Engine, chainlit_app: Any, processes: int) -> None:
+    load = Load(max_tokens=16, prompt_words=(12, 40), processes=processes)
+    level = asyncio.run(measure_page_level(chainlit_app.url, 2, 3, load))
     row = level.model_dump()
     assert (row["requests"], row["ok"], row["errors"]) == (3, 3, 0), row
     assert row["ttft_p99_ms"] >= row["ttft_p50_ms"] > 0
     assert row["output_tokens_per_s"] > 0
     assert 0 < row["tokens_per_request_mean"] <= 16
-    assert "client_busy" not in row, "measured on the direct path only"
+    assert row["client_processes"] == processes, "tabs spread over client processes as direct requests are"
+    assert 0 < row["client_busy"] < 1
 
 
 def test_bench_page_measures_the_page_against_direct_and_the_echo_floor(
