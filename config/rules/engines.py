@@ -6,8 +6,9 @@ concurrent). Measured on one H200 with 16 cores, full-size ERNIE-4.5-0.3B shape,
 serve`` 512 in / 128 out at 256 concurrent (BENCHMARKS.md, "Several engines on one GPU"): one
 engine 12-20k output tok/s; two engines of 0.42 of the memory each, behind one endpoint,
 31-33k with half the p99 TTFT; through ``serve`` and the router, against ``vllm serve`` defaults
-in the same device call, 1.32x at 128 and 1.62x at 256 concurrent with a quarter to a half of
-their p99 TTFT (2026-12-02). A big model keeps one engine per GPU group.
+in the same device call (medians of 3 runs), 1.32x / 1.58x at 128 and 1.62x / 2.25x at 256
+concurrent in two calls on two hosts, with a quarter to a half of their p99 TTFT (2026-12-02). A
+big model keeps one engine per GPU group.
 """
 
 from __future__ import annotations
@@ -30,15 +31,18 @@ SHARED_MAX_WEIGHT_BYTES = 4 * GIB
 CORES_PER_ENGINE = 8
 """Host cores one engine with its API servers keeps busy (16 cores: two engines, measured)."""
 MAX_ENGINES_PER_GPU = 2
-"""Measured with two; more are unmeasured."""
+"""Three (0.28 of the memory and 2 API servers each) gave 0.86x / 0.94x the tokens/s of two (4 API
+servers each) at 128 / 256 concurrent on one 16-core H200 host: the third engine's host side
+takes the cores the first two's API servers used."""
 SHARED_UTILIZATION = 0.84
 """The GPU's memory share all engines on it take together (two engines: 0.42 each, measured)."""
 SHARED_MIN_USERS = 128
-"""Expected users from which engines share a GPU. Two engines on one H200 gave 1.32x and 1.62x
-vLLM's defaults at 128 and 256 concurrent, but at 16 they gave 0.72x one engine direct (4.25k
+"""Expected users from which engines share a GPU. Two engines on one H200 gave 1.32-1.58x and
+1.62-2.25x vLLM's defaults at 128 and 256 concurrent, but at 16 they gave 0.72x one engine direct (4.25k
 against 5.87k tok/s): two processes time-slice the GPU, and a light load gains nothing on the host."""
 SHARED_MEASURED = (
-    "measured on one H200, 16 cores: 1.32x / 1.62x `vllm serve` defaults' tokens/s at 128 / 256 concurrent "
+    "measured on one H200, 16 cores: 1.32-1.58x / 1.62-2.25x `vllm serve` defaults' tokens/s at 128 / 256 "
+    "concurrent (two device calls) "
     "with a quarter to a half of their p99 TTFT, but 0.72x one engine at 16, where two processes time-slicing "
     "the GPU cost more than the host side gains (BENCHMARKS.md)"
 )

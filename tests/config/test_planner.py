@@ -467,7 +467,7 @@ def test_pinned_split_wider_than_the_node_is_a_plan_error() -> None:
         plan("2xA10-pcie", "llama-3.1-8b", pins={"tensor_parallel_size": "2", "pipeline_parallel_size": "2"})
 
 
-def test_engines_per_gpu_two_on_a_big_gpu_when_pinned_each_with_its_share_and_three_api_servers() -> None:
+def test_engines_per_gpu_two_on_a_big_gpu_when_pinned_each_with_its_share_and_half_its_cores_as_api_servers() -> None:
     p = plan("1xH200", users=256, pins={"engines_per_gpu": "2"})
     assert p.routed and p.engine_count == 2 and p.gpu_memory_utilization == 0.42
     assert p.api_server_count == 4 and p.stream_interval == 16 and p.max_num_seqs % 8 == 0  # 24 cores: 12 each
