@@ -103,9 +103,7 @@ async def closed_loop(
     return results, wall, len(pending)
 
 
-async def _direct_span(
-    target: Target, load: Load, concurrency: int, n_requests: int, ready: Ready = lambda: None
-) -> Span:
+async def _direct_span(target: Target, load: Load, concurrency: int, n_requests: int, ready: Ready) -> Span:
     limits = httpx.Limits(
         max_connections=max(100, concurrency),
         max_keepalive_connections=max(20, concurrency) if load.keepalive else 0,
@@ -126,7 +124,7 @@ async def _direct_span(
                 session=f"bench-{users}-{worker}",
             )
 
-        ready()
+        await asyncio.to_thread(ready)
         return await _timed(closed_loop(concurrency, n_requests, one, load.time_cap_s, load.drain_s))
 
 
