@@ -3,8 +3,8 @@
 Where the engine is, timeouts, history that fits, streaming and the live plan live in
 ``backend/page/``; the Chainlit internals it touches (socket pings, the readme's root, the
 session's task) in ``backend/page/chainlit_internals.py``. This file turns them into
-messages. Start it with ``python -m backend up`` (or ``chainlit run app.py`` beside a running
-``python -m backend serve``).
+messages. Start it with ``python -m backend up`` (or ``python -m backend.page.launch app.py``, or
+``chainlit run app.py``, beside a running ``python -m backend serve``).
 """
 
 import asyncio

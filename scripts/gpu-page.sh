@@ -8,6 +8,9 @@
 #      Chainlit process's CPU seconds over the run and its profile (py-spy, collapsed stacks);
 #   3. `bench-page`: the page's added TTFT against a Chainlit echo app's floor;
 #   4. with ROUTER_TTFT=1: the router's added TTFT (`vllm bench serve` at 1 and 16, engine 0 direct).
+#   With LAUNCH_AB=N instead of 1-4: Chainlit's own `chainlit run` (nest_asyncio) beside the
+#   project's start (`backend.page.launch`) on the same engine, `bench --page` at 64 chats against
+#   each in turn, N times, with each page process's CPU seconds (page-cpu.txt).
 #   OUT=/tmp/r bash scripts/gpu-page.sh [up flags...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +21,31 @@ gpu_clean
 
 cpu_s() { awk '{print ($14 + $15) / 100}' "/proc/$1/stat"; }  # user + system seconds (100 Hz ticks)
 
-if start_backend "$RES/up.log" "^chat:" up --model demo --users 64 "$@"; then
+page_bench() {  # PORT PID TAG N: `bench --page` at 64 chats, N requests, against the page at PORT
+  local c0 t0; c0=$(cpu_s "$2"); t0=$(date +%s.%N)
+  $G bench --page "http://127.0.0.1:$1" --concurrency 64 --requests-per-level "$4" --max-tokens 128 \
+    --out "$RES/$3" --label "$3, 1 x H200" 2>&1 | grep "^direct\|^page"
+  python3 -c "import sys; c, w = float(sys.argv[3]) - float(sys.argv[2]), float(sys.argv[5]) - float(sys.argv[4]); \
+print(f'{sys.argv[1]}: {c:.1f} CPU s over {w:.1f} s ({c / w:.0%} of one core)')" \
+    "$3" "$c0" "$(cpu_s "$2")" "$t0" "$(date +%s.%N)" | tee -a "$RES/page-cpu.txt"
+}
+
+if [ -n "${LAUNCH_AB:-}" ] && start_backend "$RES/up.log" "^chat:" up --model demo --users 64 "$@"; then
+  launch_pid=$(pgrep -f "backend[.]page[.]launch" | head -1)
+  ERNIECHAT_ENGINE__RUN_DIR=/tmp/erniechat-run python3 -m chainlit run app.py --headless --host 127.0.0.1 \
+    --port 8081 > "$RES/chainlit-run.log" 2>&1 &
+  run_pid=$!
+  for _ in $(seq 60); do
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8081/', timeout=2)" 2>/dev/null && break
+    sleep 1
+  done
+  for r in $(seq "$LAUNCH_AB"); do
+    page_bench 8080 "$launch_pid" "launch-$r" 384
+    page_bench 8081 "$run_pid" "chainlit-run-$r" 384
+    save_results
+  done
+  kill "$run_pid"
+elif start_backend "$RES/up.log" "^chat:" up --model demo --users 64 "$@"; then
   $G status --json > "$RES/status.json"
   python3 - <<'PY' | tee "$RES/first-use.json"
 import asyncio, json
@@ -28,7 +55,7 @@ paths = asyncio.run(path_warmth("http://127.0.0.1:8000/v1", "demo", None))
 print(json.dumps({"page_first_chats_ttft_s": page, "paths_after_ready": paths}))
 PY
   save_results
-  page_pid=$(pgrep -f "chainlit run" | head -1)
+  page_pid=$(pgrep -f "backend[.]page[.]launch" | head -1)
   c0=$(cpu_s "$page_pid"); t0=$(date +%s.%N)
   py-spy record --pid "$page_pid" --format raw --rate 100 --nonblocking -o "$RES/chainlit-spy.txt" \
     > "$RES/py-spy.log" 2>&1 &

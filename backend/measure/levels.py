@@ -205,7 +205,9 @@ async def _page_span(
 
     from backend.measure.page_client import PageError, PageSession
 
-    async with aiohttp.ClientSession() as http:
+    # Each open tab holds one of the session's connections: no pool limit (aiohttp's 100 would
+    # leave the 101st tab waiting for a connection that never frees).
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         gate = asyncio.Semaphore(TAB_OPENS_AT_ONCE)
 
         async def open_tab() -> PageSession | PageError:

@@ -28,7 +28,7 @@ def set_socket_pings(interval_s: float, timeout_s: float) -> None:
 
 
 def bind_host() -> str:
-    """The address ``chainlit run --host`` bound the page to (login is required beyond loopback)."""
+    """The address the page was started on (``--host``): login is required beyond loopback."""
     return str(chainlit_config.run.host)
 
 

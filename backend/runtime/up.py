@@ -1,7 +1,7 @@
 """``up``: the engine, then the chat page once the engine is ready; one Ctrl-C stops both.
 
 Prints ``ready: <engine url>`` when the engine has passed warm-up and ``chat: <page url>``
-when the page answers. The page runs ``chainlit run app.py`` in its own process group with
+when the page answers. The page runs ``app.py`` (``backend.page.launch``) in its own process group with
 the same settings (passed as ``ERNIECHAT_*`` variables), so it reads the same status file.
 Afterwards both are watched: if the engine dies the page stays up and tells its users; if the
 page dies everything stops. SIGINT or SIGTERM stops both process groups, always.
@@ -42,7 +42,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 
 class ChatPage:
-    """``chainlit run app.py`` as a child in its own process group, logging to ``log_path``."""
+    """The page (``python -m backend.page.launch app.py``: Chainlit without nest_asyncio) as a
+    child in its own process group, logging to ``log_path``."""
 
     def __init__(
         self,
@@ -55,7 +56,7 @@ class ChatPage:
     ) -> None:
         self.url = f"http://{local_host(host)}:{port}"
         self.log_path = log_path
-        argv = [sys.executable, "-m", "chainlit", "run", app, "--headless", "--host", host, "--port", str(port)]
+        argv = [sys.executable, "-m", "backend.page.launch", app, "--host", host, "--port", str(port)]
         # EngineProcess: the same own-process-group start and group stop as the engine's.
         self.process = EngineProcess(argv, env, log_path, cwd=ROOT, base_env=base_env)
 

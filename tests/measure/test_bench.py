@@ -181,6 +181,18 @@ def test_page_level_through_the_chat_page(engine: Engine, chainlit_app: Any, pro
     assert 0 < row["client_busy"] < 1
 
 
+def test_a_page_level_holds_more_open_tabs_than_an_http_pool(engine: Engine, chainlit_app: Any, tmp_path: Path) -> None:
+    """A level opens all its tabs before the clock, each holding a connection: 101 in one client
+    process once waited forever for aiohttp's default pool of 100."""
+    argv = [sys.executable, "-m", "backend", "bench", "--page", chainlit_app.url, "--concurrency", "4"]
+    argv += ["--requests-per-level", "101", "--max-tokens", "4", "--client-processes", "1", "--out", str(tmp_path)]
+    done = subprocess.run(argv, cwd=ROOT, env=backend_env(engine.run_dir), capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout + done.stderr
+    page = next(r for r in json.loads((tmp_path / "bench.json").read_text())["results"] if r["path"] == "page")
+    assert page["requests"] == 101 and page["client_processes"] == 1, page
+    assert not [e for e in page["error_samples"] if "answered without a reply" not in e], page
+
+
 def test_bench_page_measures_the_page_against_direct_and_the_echo_floor(
     engine: Engine, chainlit_app: ChatPage, tmp_path: Path
 ) -> None:

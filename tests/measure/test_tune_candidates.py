@@ -63,6 +63,11 @@ def test_gpu_candidates_vary_engines_per_gpu_and_the_stream_interval() -> None:
     assert one.values["engines_per_gpu"] == 1 and one.pins == {"engines_per_gpu": 1} and not one.plan.routed
     every = next(c for c in found if c.changes == ("stream",))
     assert every.values["stream_interval"] == 1 and every.name == "stream interval 1"
+    api = found[0].values["api_server_count"]
+    more = next(c for c in found if c.changes == ("api x2",))
+    fewer = next(c for c in found if c.changes == ("api /2",))
+    assert (more.values["api_server_count"], fewer.values["api_server_count"]) == (2 * api, api // 2)
+    assert more.pins == {"api_server_count": 2 * api} and more.name == f"{2 * api} API servers"
     chosen = order_candidates(found, 2, "throughput", concurrency=256, long_prompt_tokens=512)
     assert chosen[1].changes == ("engines",), "engines per GPU is the first thing tried after splits"
     few, _ = candidates("1xH200", users=8)

@@ -12,6 +12,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -37,7 +39,7 @@ from backend.runtime.rundir import RunDir
 from backend.runtime.status import EngineStatus, read_status
 from backend.runtime.up import settings_env
 from config.pipeline import plan_for
-from config.settings import Settings, load_settings
+from config.settings import ROOT, Settings, load_settings
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -89,6 +91,13 @@ def groups_of(*needles: str) -> dict[int, str]:
 
 
 # -- the pieces, without servers --------------------------------------------------------------
+def test_the_page_start_names_a_missing_app(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "backend.page.launch", str(tmp_path / "nope.py"), "--port", "1"]
+    done = subprocess.run(argv, cwd=ROOT, env=backend_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert f"error: no Chainlit app at {tmp_path / 'nope.py'} (a .py file)" in done.stderr, done.stderr[-2000:]
+
+
 def test_first_token_timeout_comes_from_the_warmup_record(tmp_path: Path) -> None:
     settings = Settings(engine={"run_dir": tmp_path})
     link = EngineLink(settings)
@@ -304,7 +313,7 @@ def test_up_serves_engine_and_page_then_ctrl_c_stops_everything(tmp_path: Path) 
         assert footer_of(asyncio.run(one_reply()))[1] > 0
         groups = {
             os.getpgid(up.proc.pid): "up",
-            **groups_of("chainlit", "run", "app.py", str(app_port)),
+            **groups_of("backend.page.launch", "app.py", str(app_port)),
             **groups_of("vllm.entrypoints", f"--port {engine_port}"),
         }
         assert len(groups) == 3, groups

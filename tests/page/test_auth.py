@@ -1,7 +1,8 @@
 """Exposed means login (backend/page/auth.py): a page beyond loopback refuses to start without it.
 
 The rules as functions, then the two places that enforce them as a person meets them: ``up``
-(before any engine starts) and ``chainlit run app.py --host ...`` (app.py at import). No test
+(before any engine starts) and app.py at import, started either way (``chainlit run app.py --host ...``
+or the project's ``backend.page.launch``). No test
 here listens beyond loopback: the refusals happen before anything binds.
 """
 
@@ -97,10 +98,15 @@ def test_up_refuses_an_exposed_page_without_login_before_the_engine_starts(tmp_p
     assert "plan:" not in out, "refused before planning, let alone starting an engine"
 
 
-def test_chainlit_run_refuses_an_exposed_page_without_login(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "start",
+    [["chainlit", "run", "app.py", "--headless"], ["backend.page.launch", "app.py"]],
+    ids=["chainlit-run", "launch"],
+)
+def test_the_page_refuses_to_be_exposed_without_login(tmp_path: Path, start: list[str]) -> None:
     env = backend_env(tmp_path)
     env.pop(SECRET_ENV, None)
-    argv = [sys.executable, "-m", "chainlit", "run", "app.py", "--headless", "--host", "0.0.0.0", "--port", "1"]
+    argv = [sys.executable, "-m", *start, "--host", "0.0.0.0", "--port", "1"]
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "the chat page would listen on 0.0.0.0" in done.stderr, done.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""The chat page under test: the product's ``ChatPage`` (``chainlit run app.py``) against an engine.
+"""The chat page under test: the product's ``ChatPage`` (``python -m backend.page.launch app.py``) against an engine.
 
 Replies are kept short (``app.max_tokens=32``): the demo model's text is noise, so tests look
 at footers, metrics and message routing, not at words.
