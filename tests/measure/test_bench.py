@@ -187,10 +187,15 @@ def test_a_page_level_holds_more_open_tabs_than_an_http_pool(engine: Engine, cha
     argv = [sys.executable, "-m", "backend", "bench", "--page", chainlit_app.url, "--concurrency", "4"]
     argv += ["--requests-per-level", "101", "--max-tokens", "4", "--client-processes", "1", "--out", str(tmp_path)]
     done = subprocess.run(argv, cwd=ROOT, env=backend_env(engine.run_dir), capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stdout + done.stderr
-    page = next(r for r in json.loads((tmp_path / "bench.json").read_text())["results"] if r["path"] == "page")
+    assert (tmp_path / "bench.json").exists(), done.stdout + done.stderr
+    results = {r["path"]: r for r in json.loads((tmp_path / "bench.json").read_text())["results"]}
+    page = results["page"]
     assert page["requests"] == 101 and page["client_processes"] == 1, page
-    assert not [e for e in page["error_samples"] if "answered without a reply" not in e], page
+    # the demo model's random weights can give a reply with no visible text (the page then shows
+    # only its footer, "---"; bench counts it as an error and exits 1); nothing else may fail
+    assert set(page["error_samples"]) <= {"the page answered without a reply: ---"}, page
+    assert page["errors"] < page["requests"] and results["direct"]["errors"] == 0, results
+    assert done.returncode == (1 if page["errors"] else 0), done.stdout + done.stderr
 
 
 def test_bench_page_measures_the_page_against_direct_and_the_echo_floor(
