@@ -8,6 +8,7 @@ engine's own metrics, which session got which reply, and what the page says on e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -16,7 +17,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -361,14 +363,32 @@ def test_page_shows_live_plan_and_socket_settings(chainlit_app: ChatPage, engine
     assert '"pingInterval":10000' in open_packet and '"pingTimeout":10000' in open_packet, open_packet
 
 
-async def long_reply_streaming(tab: ChatClient, engine: Engine) -> tuple[str, dict[str, float]]:
-    """Ask for a 4,000-token reply (greedy on the demo weights: it runs to the end) and return
-    once the page shows it streaming; with the engine's counters from before."""
+@asynccontextmanager
+async def long_reply_held(tab: ChatClient, engine: Engine) -> AsyncIterator[tuple[str, dict[str, float]]]:
+    """Ask for a 4,000-token reply (greedy on the demo weights: it runs to the end) and yield once
+    the page shows it streaming, with the engine held; with the engine's counters from before.
+    Until the tab has 5 tokens the engine runs only in steps of 20 ms: however long a busy machine
+    delays the page, the reply cannot end before the test holds it."""
     await tab.set_settings(temperature=0.0, max_tokens=4000)
     before = await engine_counts(engine.base_url)
-    mid = await tab.send("Tell me a very long story.")  # fixed: its greedy reply is visible text (see above)
-    await tab.wait_for(lambda: (r := tab.reply_to(mid)) and tab.tokens.get(r["id"], 0) >= 5, 60)
-    return mid, before
+    with held(engine.run_dir) as hold:
+        mid = await tab.send("Tell me a very long story.")  # fixed: its greedy reply is visible text (see above)
+
+        def streaming() -> bool:
+            reply = tab.reply_to(mid)
+            return bool(reply) and tab.tokens.get(reply["id"], 0) >= 5
+
+        steps = 0
+        while not streaming():
+            made = (await engine_counts(engine.base_url))["generated"] - before["generated"]
+            assert made < 2000, f"the tab shows fewer than 5 tokens of a reply the engine made {made:.0f} of"
+            await asyncio.to_thread(hold.step, 0.02)
+            steps += 1
+            with contextlib.suppress(AssertionError):
+                await tab.wait_for(streaming, 0.3)
+        made = (await engine_counts(engine.base_url))["generated"] - before["generated"]
+        print(f"streaming after {steps} steps of 20 ms, {made:.0f} tokens made")
+        yield mid, before
 
 
 async def released_and_aborted(engine: Engine, page: ChatPage, before: dict[str, float]) -> None:
@@ -383,8 +403,7 @@ async def released_and_aborted(engine: Engine, page: ChatPage, before: dict[str,
 def test_stop_aborts_the_request_on_the_engine(chainlit_app: ChatPage, engine: Engine) -> None:
     async def run() -> None:
         async with ChatClient(chainlit_app.url) as tab:
-            mid, before = await long_reply_streaming(tab, engine)
-            with held(engine.run_dir):  # the reply cannot end by itself meanwhile
+            async with long_reply_held(tab, engine) as (mid, before):  # the reply cannot end meanwhile
                 assert open_streams(chainlit_app.process.pid or 0, engine.port) == 1
                 await tab.stop()
                 took = await asyncio.to_thread(wait_for_streams, chainlit_app.process.pid or 0, engine.port, 0)
@@ -406,9 +425,8 @@ def test_a_closed_tab_stops_its_reply_on_the_engine_after_the_grace(chainlit_app
 
     async def run() -> None:
         tab = await ChatClient(chainlit_app.url).connect()
-        _, before = await long_reply_streaming(tab, engine)
         pid = chainlit_app.process.pid or 0
-        with held(engine.run_dir):
+        async with long_reply_held(tab, engine) as (_, before):
             t0 = time.monotonic()  # before the close: the page cannot see it any earlier
             await tab.close()
             await asyncio.to_thread(wait_for_streams, pid, engine.port, 0)
@@ -426,8 +444,7 @@ def test_new_chat_stops_the_running_reply_at_once(patient_page: ChatPage, engine
 
     async def run() -> None:
         tab = await ChatClient(patient_page.url).connect()
-        _, before = await long_reply_streaming(tab, engine)
-        with held(engine.run_dir):
+        async with long_reply_held(tab, engine) as (_, before):
             # what the page's "New chat" sends before it closes the socket; acknowledged, so it
             # arrives before the close (this client, unlike a browser's, can drop it otherwise)
             await tab.sio.call("clear_session", timeout=30)
@@ -442,10 +459,9 @@ def test_new_chat_stops_the_running_reply_at_once(patient_page: ChatPage, engine
 def test_a_tab_that_reconnects_in_time_keeps_its_reply(patient_page: ChatPage, engine: Engine) -> None:
     async def run() -> None:
         tab = await ChatClient(patient_page.url).connect()
-        mid, before = await long_reply_streaming(tab, engine)
-        reply_id = tab.reply_to(mid)["id"]  # type: ignore[index]
         pid = patient_page.process.pid or 0
-        with held(engine.run_dir):
+        async with long_reply_held(tab, engine) as (mid, before):
+            reply_id = tab.reply_to(mid)["id"]  # type: ignore[index]
             await tab.close()
             again = await ChatClient(patient_page.url, session_id=tab.session_id).connect(wait_start=False)
             assert open_streams(pid, engine.port) == 1, "the reply was stopped although the tab came back"

@@ -5,6 +5,8 @@ token is generated, and the page's HTTP stream to the engine stays open until th
 closes it. ``open_streams(pid, port)`` counts that process's established TCP connections to
 the engine's port (``/proc``), so a test sees exactly when the page let go of a reply. Once
 resumed (SIGCONT), the engine either finishes the reply (nobody closed it) or aborts it.
+``Hold.step`` lets it run for a moment only: a test that needs a reply streaming before it holds
+it starts held and steps, so the reply cannot run to its end while a busy machine delays the page.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from backend.runtime.process import group_processes
@@ -38,17 +41,34 @@ def _comm(pid: int) -> str:
         return ""
 
 
+@dataclass(frozen=True)
+class Hold:
+    """The stopped engine-core processes of one ``held`` block."""
+
+    pids: list[int]
+
+    def _signal(self, sig: signal.Signals) -> None:
+        for pid in self.pids:
+            os.kill(pid, sig)
+
+    def step(self, seconds: float) -> None:
+        """Let the engine run for ``seconds`` (a few tokens), then stop it again."""
+        self._signal(signal.SIGCONT)
+        try:
+            time.sleep(seconds)
+        finally:
+            self._signal(signal.SIGSTOP)
+
+
 @contextmanager
-def held(run_dir: Path) -> Iterator[None]:
+def held(run_dir: Path) -> Iterator[Hold]:
     """The engine core stopped for the block's duration; resumed on the way out, always."""
-    pids = engine_core_pids(run_dir)
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
+    hold = Hold(engine_core_pids(run_dir))
+    hold._signal(signal.SIGSTOP)
     try:
-        yield
+        yield hold
     finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
+        hold._signal(signal.SIGCONT)
 
 
 def _socket_inodes(pid: int) -> set[str]:
