@@ -4,8 +4,8 @@
 # against `vllm serve DIR` with vLLM's defaults, in the same call, REPEATS runs per level (levels
 # interleaved: 128, 256, 128, 256, ...). Every server gets one unmeasured level of 16 first.
 # VARIANT="name:flag flag ..." adds a second project plan (e.g. "3engines:--set engines_per_gpu=3"),
-# measured after the defaults. If start-up stalls, every vLLM process's Python stack goes to
-# diagnose.txt (py-spy).
+# measured after the defaults; DEFAULTS=0 leaves `vllm serve` out (the plan against the variant).
+# If start-up stalls, every vLLM process's Python stack goes to diagnose.txt (py-spy).
 #   OUT=/tmp/r REPEATS=3 LEVELS="128 256" bash scripts/gpu-vs-defaults.sh [serve flags...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,11 +27,13 @@ gpu_clean
 $G demo-model "$DIR" --full-size | tail -1
 echo "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader)"
 project project "$@"
-python3 -m vllm.entrypoints.cli.main serve "$DIR" --port 8100 > "$RES/defaults-server.log" 2>&1 &
-if wait_health http://127.0.0.1:8100; then
-  vbench defaults http://127.0.0.1:8100 "$DIR" $(levels "$REPEATS" "${LV[@]}")
-else echo "defaults: not healthy"; tail -20 "$RES/defaults-server.log"; fi
-gpu_clean; save_results
+if [ "${DEFAULTS:-1}" != 0 ]; then
+  python3 -m vllm.entrypoints.cli.main serve "$DIR" --port 8100 > "$RES/defaults-server.log" 2>&1 &
+  if wait_health http://127.0.0.1:8100; then
+    vbench defaults http://127.0.0.1:8100 "$DIR" $(levels "$REPEATS" "${LV[@]}")
+  else echo "defaults: not healthy"; tail -20 "$RES/defaults-server.log"; fi
+  gpu_clean; save_results
+fi
 if [ -n "${VARIANT:-}" ]; then
   read -ra flags <<< "${VARIANT#*:}"
   project "${VARIANT%%:*}" "${flags[@]}"
