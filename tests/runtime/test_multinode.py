@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -32,7 +33,6 @@ from support.waiting import DEADLINE_S, group_gone, wait_until
 
 from backend.engine_api import ChatResult, chat, parse_metrics, total
 from backend.runtime.cluster import Head, JoinRequest
-from backend.runtime.process import free_port
 from backend.runtime.status import read_status
 from config.hardware import load_profile
 from config.model import read_model
@@ -41,15 +41,23 @@ from config.settings import WorkloadSettings
 
 REPLY_TOKENS = 16
 DONE = "vllm:request_success_total"
+FIRST_PORT = 10000
+"""Test ports are drawn from here up to the start of the kernel's ephemeral range."""
 
 
-def two_free_ports() -> int:
-    """A port P with P and P + 1 free (vLLM's --master-port and the join point)."""
-    for _ in range(50):
-        port = free_port()
-        if port < 65535 and _free(port + 1):
+def free_run(count: int) -> int:
+    """A port P with P .. P + count - 1 free, below the kernel's ephemeral range: the head derives
+    its engines' and the router's metrics ports from its own (P + 1, P + 2), and a port the kernel
+    handed out for a free one lies where outgoing connections take theirs while the engines start
+    (one took P + 2 in a fresh-clone run: "router metrics port ... already in use")."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if low - count <= FIRST_PORT:
+        raise RuntimeError(f"the ephemeral port range starts at {low}: no room below it for test ports")
+    for _ in range(200):
+        port = random.randrange(FIRST_PORT, low - count)
+        if all(_free(port + i) for i in range(count)):
             return port
-    raise RuntimeError("no two consecutive free ports")
+    raise RuntimeError(f"no {count} consecutive free ports below {low}")
 
 
 def _free(port: int) -> bool:
@@ -104,7 +112,7 @@ class Nodes:
 
 def start_head(tmp: Path, *extra: str, env: dict[str, str] | None = None) -> Nodes:
     head_dir, worker_dir = tmp / "head", tmp / "worker"
-    port, master = free_port(), two_free_ports()
+    port, master = free_run(4), free_run(2)
     argv = ["serve", "--model", "demo", "--hardware", write_profile(tmp / "2node-cpu.toml")]
     argv += ["--engine-port", str(port), "--users", "2"]
     argv += ["--master-addr", "127.0.0.1", "--master-port", str(master), *extra]
@@ -176,7 +184,7 @@ def finished(url: str) -> float:
 
 def test_replicas_on_two_nodes_behind_the_router(tmp_path: Path) -> None:
     nodes = start_head(tmp_path)
-    worker_port = free_port()
+    worker_port = free_run(1)
     try:
         worker = start_worker(nodes, "--engine-port", str(worker_port))
         nodes.head.wait_for_line("ready:")
@@ -262,12 +270,12 @@ def test_a_node_that_never_joins_times_out_naming_it_and_its_command(tmp_path: P
 
 @pytest.mark.parametrize("offset", [0, 1], ids=["master-port", "join-port"])
 def test_ports_in_use_are_named(tmp_path: Path, offset: int) -> None:
-    master = two_free_ports()
+    master = free_run(2)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", master + offset))
         holder.listen()
         argv = ["serve", "--model", "demo", "--hardware", write_profile(tmp_path / "p.toml")]
-        argv += ["--set", "pipeline_parallel_size=2", "--engine-port", str(free_port())]
+        argv += ["--set", "pipeline_parallel_size=2", "--engine-port", str(free_run(4))]
         argv += ["--master-addr", "127.0.0.1", "--master-port", str(master)]
         head = BackendProcess(argv, backend_env(tmp_path / "head")).start()
         assert head.proc is not None and head.proc.wait(DEADLINE_S) == 1
