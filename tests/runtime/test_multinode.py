@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import signal
 import socket
 import subprocess
 import time
-from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
+from support.ports import free_run
 from support.services import ENGINE_PYTHON, ROOT, BackendProcess, backend_env, run_backend
 from support.waiting import DEADLINE_S, group_gone, wait_until
 
@@ -41,32 +40,6 @@ from config.settings import WorkloadSettings
 
 REPLY_TOKENS = 16
 DONE = "vllm:request_success_total"
-FIRST_PORT = 10000
-"""Test ports are drawn from here up to the start of the kernel's ephemeral range."""
-
-
-def free_run(count: int) -> int:
-    """A port P with P .. P + count - 1 free, below the kernel's ephemeral range: the head derives
-    its engines' and the router's metrics ports from its own (P + 1, P + 2), and a port the kernel
-    handed out for a free one lies where outgoing connections take theirs while the engines start
-    (one took P + 2 in a fresh-clone run: "router metrics port ... already in use")."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    if low - count <= FIRST_PORT:
-        raise RuntimeError(f"the ephemeral port range starts at {low}: no room below it for test ports")
-    for _ in range(200):
-        port = random.randrange(FIRST_PORT, low - count)
-        if all(_free(port + i) for i in range(count)):
-            return port
-    raise RuntimeError(f"no {count} consecutive free ports below {low}")
-
-
-def _free(port: int) -> bool:
-    with closing(socket.socket()) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def write_profile(path: Path) -> str:

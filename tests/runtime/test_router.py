@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.ports import free_run
 from support.services import ROOT, BackendProcess, backend_env
 from support.waiting import DEADLINE_S, group_gone, wait_until
 
@@ -112,7 +113,7 @@ class Pair:
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     run_dir = tmp_path_factory.mktemp("routed")
-    port = free_port()
+    port = free_run(4)  # the router, two engines after it, the router's metrics after them
     serve = BackendProcess(
         ["serve", "--model", "demo", "--engine-port", str(port), "--users", "4", "--set", "engines_per_gpu=2"],
         backend_env(run_dir),
