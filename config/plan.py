@@ -107,6 +107,8 @@ class Plan(BaseModel):
     memory, behind the router. 1: one server per group (replicas through vLLM's own front end)."""
     stream_interval: int = Field(default=1, ge=1, le=64)
     """vLLM's ``--stream-interval``: tokens per streamed chunk (the page joins chunks anyway)."""
+    page_processes: int = Field(default=1, ge=1, le=16)
+    """Chat page processes behind its port (``backend/page/front.py``), each client address on one."""
     environment: dict[str, str] = Field(default_factory=dict)
     memory: Memory
     reasons: dict[str, str] = Field(default_factory=dict)
@@ -219,6 +221,7 @@ PINNABLE = (
     "engine_core_nice",
     "engines_per_gpu",
     "stream_interval",
+    "page_processes",
 )
 
 

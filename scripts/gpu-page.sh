@@ -11,6 +11,10 @@
 #   With LAUNCH_AB=N instead of 1-4: Chainlit's own `chainlit run` (nest_asyncio) beside the
 #   project's start (`backend.page.launch`) on the same engine, `bench --page` at 64 chats against
 #   each in turn, N times, with each page process's CPU seconds (page-cpu.txt).
+#   With PAGES_AB=N instead: the plan's page (`up --users 64`: several page processes) against one
+#   page process (`backend.page.launch` on :8081, same engine), `bench --page` at 64 chats against
+#   each in turn, N times (CPU seconds summed over each page's process group), then the plan's
+#   page at 1 and 16 chats.
 #   OUT=/tmp/r bash scripts/gpu-page.sh [up flags...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +23,12 @@ trap 'gpu_clean; save_results' EXIT
 gpu_clean
 [ -d "$DIR" ] || $G demo-model "$DIR" --full-size | tail -1
 
-cpu_s() { awk '{print ($14 + $15) / 100}' "/proc/$1/stat"; }  # user + system seconds (100 Hz ticks)
+cpu_s() {  # PID: user + system seconds (100 Hz ticks) of the process group PID leads (or of PID)
+  local total=0 p pids
+  pids=$(pgrep -g "$1"); [ -n "$pids" ] || pids=$1
+  for p in $pids; do total=$(awk -v t="$total" '{print t + ($14 + $15) / 100}' "/proc/$p/stat"); done
+  echo "$total"
+}
 
 page_bench() {  # PORT PID TAG N: `bench --page` at 64 chats, N requests, against the page at PORT
   local c0 t0; c0=$(cpu_s "$2"); t0=$(date +%s.%N)
@@ -30,7 +39,27 @@ print(f'{sys.argv[1]}: {c:.1f} CPU s over {w:.1f} s ({c / w:.0%} of one core)')"
     "$3" "$c0" "$(cpu_s "$2")" "$t0" "$(date +%s.%N)" | tee -a "$RES/page-cpu.txt"
 }
 
-if [ -n "${LAUNCH_AB:-}" ] && start_backend "$RES/up.log" "^chat:" up --model demo --users 64 "$@"; then
+if [ -n "${PAGES_AB:-}" ] && start_backend "$RES/up.log" "^chat:" up --model demo --users 64 "$@"; then
+  $G status --json > "$RES/status.json"
+  plan_pid=$(pgrep -f "backend[.]page[.]launch.*--workers" | head -1)
+  setsid env ERNIECHAT_ENGINE__RUN_DIR=/tmp/erniechat-run python3 -m backend.page.launch app.py --port 8081 \
+    > "$RES/one-process-page.log" 2>&1 &
+  one_pid=$!
+  for _ in $(seq 60); do
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8081/', timeout=2)" 2>/dev/null && break
+    sleep 1
+  done
+  grep "chat page:" "$RES/chat-page.log" /tmp/erniechat-run/chat-page.log 2>/dev/null | head -2
+  for r in $(seq "$PAGES_AB"); do
+    page_bench 8080 "$plan_pid" "plan-pages-$r" 384
+    page_bench 8081 "$one_pid" "one-page-$r" 384
+    save_results
+  done
+  kill "$one_pid"
+  $G bench --page http://127.0.0.1:8080 --concurrency 1,16 --max-tokens 128 --out "$RES/plan-pages-1-16" \
+    --label "the plan's page, 1 x H200" 2>&1 | grep "^direct\|^page"
+  save_results
+elif [ -n "${LAUNCH_AB:-}" ] && start_backend "$RES/up.log" "^chat:" up --model demo --users 64 "$@"; then
   launch_pid=$(pgrep -f "backend[.]page[.]launch" | head -1)
   ERNIECHAT_ENGINE__RUN_DIR=/tmp/erniechat-run python3 -m chainlit run app.py --headless --host 127.0.0.1 \
     --port 8081 > "$RES/chainlit-run.log" 2>&1 &

@@ -69,13 +69,22 @@ def patient_page(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> It
     page.stop()
 
 
+@pytest.fixture(scope="session")
+def two_process_page(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChatPage]:
+    """The patient page on two processes behind one port (``page_processes=2``)."""
+    log = tmp_path_factory.mktemp("two-process-page") / "chainlit.log"
+    page = start_page(engine.run_dir, log, workers=2, ERNIECHAT_APP__ABANDONED_REPLY_S="600")
+    yield page
+    page.stop()
+
+
 @pytest.fixture
 def page_without_engine(tmp_path: Path) -> Iterator[Callable[..., ChatPage]]:
     """Start pages on an empty run dir (no engine ever started), stopped after the test."""
     pages: list[ChatPage] = []
 
-    def start(**env: str) -> ChatPage:
-        pages.append(start_page(tmp_path / "run", tmp_path / f"chainlit-{len(pages)}.log", **env))
+    def start(workers: int = 1, **env: str) -> ChatPage:
+        pages.append(start_page(tmp_path / "run", tmp_path / f"chainlit-{len(pages)}.log", workers, **env))
         return pages[-1]
 
     yield start

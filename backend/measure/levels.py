@@ -10,6 +10,7 @@ fresh browser tab. Prompts are distinct (``prompt_of``), so the prefix cache nev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -103,7 +104,10 @@ async def closed_loop(
     return results, wall, len(pending)
 
 
-async def _direct_span(target: Target, load: Load, concurrency: int, n_requests: int, ready: Ready) -> Span:
+async def _direct_span(
+    target: Target, load: Load, concurrency: int, n_requests: int, ready: Ready, part: int = 0
+) -> Span:
+    """``part``: this process's index in the level (unused here: each process is its own users)."""
     limits = httpx.Limits(
         max_connections=max(100, concurrency),
         max_keepalive_connections=max(20, concurrency) if load.keepalive else 0,
@@ -153,8 +157,8 @@ async def _spread(fn: JobFn, job: dict[str, Any], concurrency: int, n_requests: 
         raise ValueError("concurrency and n_requests must be at least 1")
     procs = min(load.processes or client_processes(concurrency), concurrency, n_requests)
     jobs = [
-        {**job, "load": load, "concurrency": c, "n_requests": n}
-        for c, n in zip(split(concurrency, procs), split(n_requests, procs), strict=True)
+        {**job, "load": load, "concurrency": c, "n_requests": n, "part": k}
+        for k, (c, n) in enumerate(zip(split(concurrency, procs), split(n_requests, procs), strict=True))
     ]
     if procs <= 1:
         span = await asyncio.to_thread(fn, jobs[0], lambda: None)
@@ -190,37 +194,47 @@ async def measure_page_level(
 
 TAB_OPENS_AT_ONCE = 16
 """Tabs a client process opens at the same time before a page level starts."""
+SOURCES_PER_PROCESS = 8
+"""Client addresses each client process's tabs come from (127.0.0.x, for a page on this machine)."""
 
 
 def page_span(job: dict[str, Any], ready: Ready) -> Span:
     """One client process's share of a page level: ``{page_url, cookie, load, concurrency,
-    n_requests}`` (module level: a spawned process imports it)."""
+    n_requests, part}`` (module level: a spawned process imports it)."""
     return asyncio.run(_page_span(**job, ready=ready))
 
 
 async def _page_span(
-    page_url: str, cookie: str | None, load: Load, concurrency: int, n_requests: int, ready: Ready
+    page_url: str, cookie: str | None, load: Load, concurrency: int, n_requests: int, ready: Ready, part: int = 0
 ) -> Span:
     import aiohttp
 
-    from backend.measure.page_client import PageError, PageSession
+    from backend.measure.page_client import PageError, PageSession, loopback_sources
 
     # Each open tab holds one of the session's connections: no pool limit (aiohttp's 100 would
-    # leave the 101st tab waiting for a connection that never frees).
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+    # leave the 101st tab waiting for a connection that never frees). Tabs come from several
+    # client addresses (a page of several processes places each address on one of them).
+    sources = loopback_sources(page_url, SOURCES_PER_PROCESS, first=2 + part * SOURCES_PER_PROCESS)
+    async with contextlib.AsyncExitStack() as stack:
+        https = [
+            await stack.enter_async_context(
+                aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, local_addr=(s, 0) if s else None))
+            )
+            for s in sources
+        ]
         gate = asyncio.Semaphore(TAB_OPENS_AT_ONCE)
 
-        async def open_tab() -> PageSession | PageError:
+        async def open_tab(i: int) -> PageSession | PageError:
             async with gate:
                 try:
-                    tab = PageSession(page_url, cookie=cookie, http_session=http)
+                    tab = PageSession(page_url, cookie=cookie, http_session=https[i % len(https)])
                     await tab.connect()
                     await tab.set_settings(max_tokens=load.max_tokens, temperature=0.0)
                 except PageError as err:
                     return err
                 return tab
 
-        tabs = await asyncio.gather(*(open_tab() for _ in range(n_requests)))
+        tabs = await asyncio.gather(*(open_tab(i) for i in range(n_requests)))
         try:
 
             async def one(_worker: int, i: int) -> ChatResult:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 import time
 import uuid
@@ -24,11 +25,30 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from backend.engine_api import ChatResult
 from backend.errors import PageError
 
 SOCKET_PATH = "/ws/socket.io"
+
+
+def loopback_sources(url: str, count: int, first: int = 1) -> list[str | None]:
+    """``count`` client addresses for a page on this machine: 127.0.0.first onwards (all of
+    127/8 is this machine on Linux), so that a page of several processes, which places each client
+    address on one of them, sees that many clients. ``[None]`` (the default address) for a page
+    elsewhere."""
+    host = urlsplit(url).hostname or ""
+    if not host.startswith("127."):
+        return [None]
+    return [f"127.0.0.{(first - 1 + k) % 254 + 1}" for k in range(count)]
+
+
+def session_from(source: str) -> Any:
+    """An aiohttp session whose connections come from the client address ``source``."""
+    import aiohttp
+
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(source, 0)))
 
 
 def browser_auth(session_id: str) -> dict[str, str]:
@@ -71,9 +91,13 @@ class _Ask:
 class PageSession:
     """One browser tab: its own session id; one message at a time, like a person."""
 
-    def __init__(self, url: str, *, cookie: str | None = None, http_session: Any = None) -> None:
+    def __init__(
+        self, url: str, *, cookie: str | None = None, http_session: Any = None, source: str | None = None
+    ) -> None:
         """``http_session``: an ``aiohttp.ClientSession`` to share with other tabs (one per tab when
-        None); many tabs in one process each with its own session cost the client most of its CPU."""
+        None); many tabs in one process each with its own session cost the client most of its CPU.
+        ``source``: the client address to connect from (:func:`loopback_sources`), without a shared
+        session."""
         try:
             import socketio
         except ImportError:
@@ -81,7 +105,9 @@ class PageSession:
         self.url = url.rstrip("/")
         self.cookie = cookie
         self.session_id = str(uuid.uuid4())
-        extra = {"http_session": http_session} if http_session is not None else {}
+        extra: dict[str, Any] = {"http_session": http_session} if http_session is not None else {}
+        if source is not None and http_session is None:
+            extra["http_session"] = functools.partial(session_from, source)  # engineio makes and closes it
         self.sio = socketio.AsyncClient(reconnection=False, **extra)
         self.chat_started = False
         self._ask: _Ask | None = None

@@ -143,7 +143,7 @@ def measure_start(
                 idle.append(idle_round(server, seconds))
                 log.write(json.dumps(idle[-1]) + "\n")
                 log.flush()
-        page_ttfts = _page_chats(s, run_dir) if page else []
+        page_ttfts = _page_chats(s, run_dir, server.planned.plan.page_processes) if page else []
         return {
             "paths": paths,
             "after_idle_s": idle,
@@ -160,15 +160,17 @@ def measure_start(
         }
 
 
-def _page_chats(settings: Settings, run_dir: Path, starts: int = PAGE_STARTS) -> list[list[float | None]]:
-    """Start the page as ``up`` does (serving, then its first use paid) ``starts`` times; each
-    start's new chats, timed (the first of each list is the first user's)."""
+def _page_chats(
+    settings: Settings, run_dir: Path, workers: int = 1, starts: int = PAGE_STARTS
+) -> list[list[float | None]]:
+    """Start the page as ``up`` does (``workers`` processes, serving, then its first use paid)
+    ``starts`` times; each start's new chats, timed (the first of each list is the first user's)."""
     out = []
     for _ in range(starts):
         s = settings.model_copy(deep=True)
         s.app.port = free_port()
         s.app.host = "127.0.0.1"
-        page = ChatPage.for_settings(s)
+        page = ChatPage.for_settings(s, workers=workers)
         page.start()
         try:
             why = page.wait_serving() or page.pay_first_use()

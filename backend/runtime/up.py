@@ -53,19 +53,24 @@ class ChatPage:
         log_path: Path,
         base_env: dict[str, str] | None = None,
         app: str = "app.py",
+        workers: int = 1,
     ) -> None:
         self.url = f"http://{local_host(host)}:{port}"
         self.log_path = log_path
+        self.workers = workers
         argv = [sys.executable, "-m", "backend.page.launch", app, "--host", host, "--port", str(port)]
+        argv += ["--workers", str(workers)] if workers > 1 else []
         # EngineProcess: the same own-process-group start and group stop as the engine's.
         self.process = EngineProcess(argv, env, log_path, cwd=ROOT, base_env=base_env)
 
     @classmethod
-    def for_settings(cls, settings: Settings) -> ChatPage:
+    def for_settings(cls, settings: Settings, workers: int = 1) -> ChatPage:
         """Every value as resolved here (file, environment and flags together) goes in the
-        environment, which outranks the file, so the page sees exactly what ``up`` saw."""
+        environment, which outranks the file, so the page sees exactly what ``up`` saw.
+        ``workers``: the plan's page processes."""
         a = settings.app
-        return cls(a.host, a.port, settings_env(settings), Path(settings.engine.run_dir) / "chat-page.log")
+        log = Path(settings.engine.run_dir) / "chat-page.log"
+        return cls(a.host, a.port, settings_env(settings), log, workers=workers)
 
     def start(self) -> None:
         self.process.start()
@@ -88,12 +93,13 @@ class ChatPage:
 
     def pay_first_use(self) -> str | None:
         """One throwaway chat of one token through the page's socket, so that its imports, first
-        socket, first render and first engine call are paid before anyone is let in. None when
-        done, else why not (the page still serves; the first user then pays)."""
-        from backend.measure.page_client import PageSession
+        socket, first render and first engine call are paid before anyone is let in: one from
+        each of ``workers`` client addresses, which the front places on its processes in turn.
+        None when done, else why not (the page still serves; the first user then pays)."""
+        from backend.measure.page_client import PageSession, loopback_sources
 
-        async def chat_once() -> str | None:
-            tab = await PageSession(self.url).connect()
+        async def chat_once(source: str | None) -> str | None:
+            tab = await PageSession(self.url, source=source).connect()
             try:
                 await tab.set_settings(max_tokens=1)
                 res = await tab.ask("Hello.", timeout=PAGE_START_S)
@@ -101,10 +107,16 @@ class ChatPage:
                 await tab.close()
             return res.error
 
+        sources = loopback_sources(self.url, self.workers)
         try:
-            return asyncio.run(chat_once())
+            for source in sources:
+                if (why := asyncio.run(chat_once(source))) is not None:
+                    return why
         except ErniechatError as err:
             return str(err)
+        if len(sources) < self.workers:
+            return f"only one of the page's {self.workers} processes was reached from this machine's address"
+        return None
 
     def tail(self, n: int = 12) -> str:
         return self.process.tail(n)
@@ -134,7 +146,8 @@ def run_up(settings: Settings) -> int:
             print(f"error: {server.status.error}", file=sys.stderr)
             return 1
         print(f"ready: {server.base_url}", flush=True)
-        page = ChatPage.for_settings(settings)
+        assert server.planned is not None  # start() planned, or returned False above
+        page = ChatPage.for_settings(settings, workers=server.planned.plan.page_processes)
         page.start()
         why = page.wait_serving()
         if why:

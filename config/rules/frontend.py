@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 SMALL_MODEL_ACTIVE_PARAMS = 3 * 10**9
 """Below this many active parameters, HTTP and (de)tokenising, not the GPU, set the ceiling."""
+PAGE_USERS_PER_PROCESS = 16
+"""Chats one page process sets up in time: at 16 at once its first-token cost was floor + 6 ms."""
 
 
 def gpu_frontend(
@@ -68,6 +70,30 @@ def gpu_frontend(
         False,
         "off by default: on a 16-core H200 host it helped at 128 concurrent and hurt at 256; `tune` measures it",
     )
+
+
+def page_processes(draft: Draft, hardware: Hardware, model: ModelSpec, workload: WorkloadSettings) -> None:
+    """Set page_processes: one Chainlit event loop sets up every message of the page, so a small
+    model's many concurrent chats on a GPU host need several (cores to spare: a quarter of them)."""
+    cores = hardware.node.cpu_cores
+    small = model.active_param_count < SMALL_MODEL_ACTIVE_PARAMS
+    if hardware.has_gpu and small and workload.users >= PAGE_USERS_PER_PROCESS * 2 and cores >= 8:
+        count = max(2, min(4, cores // 4, workload.users // PAGE_USERS_PER_PROCESS))
+        draft.set(
+            "page_processes",
+            count,
+            f"{workload.users} users of a small model on {cores} cores: one page process sets up every message on "
+            f"one event loop (about 10 ms of CPU each on an H200 host: 64 chats at once wait ~300 ms for it), so "
+            f"{count} page processes, each client address on one",
+        )
+    else:
+        draft.set(
+            "page_processes",
+            1,
+            "one page process: the engine, not the page's event loop, is the ceiling at this load"
+            if not hardware.has_gpu or not small
+            else f"one page process: {workload.users} users fit one event loop",
+        )
 
 
 def cpu_frontend(draft: Draft) -> None:

@@ -504,3 +504,16 @@ def test_cpu_engines_take_cores_of_their_own_and_must_fit() -> None:
     two_cores = hw.model_copy(update={"node": hw.node.model_copy(update={"cpu_cores": 2})})
     with pytest.raises(PlanError, match=r"engines_per_gpu=3: each CPU engine needs a core of its own; valid: 1..2"):
         make_plan(two_cores, model(ERNIE), WorkloadSettings(), {"engines_per_gpu": "3"})
+
+
+def test_page_processes_several_for_a_small_model_under_load_on_a_gpu_host_one_elsewhere() -> None:
+    p = plan("1xH200", users=64)  # 24 cores
+    assert p.page_processes == 4 and "one event loop" in p.reasons["page_processes"]
+    assert plan("1xH200", users=32).page_processes == 2
+    assert plan("1xH200", users=8).page_processes == 1
+    assert plan("1xH200", "llama-3.1-8b", users=64).page_processes == 1, "a big model: the engine is the ceiling"
+    assert plan("cpu-only", users=64).page_processes == 1
+    pinned = plan("cpu-only", pins={"page_processes": "3"})
+    assert pinned.page_processes == 3 and pinned.reasons["page_processes"].startswith("pinned by you")
+    with pytest.raises(PlanError, match="page_processes=0"):
+        plan("cpu-only", pins={"page_processes": "0"})

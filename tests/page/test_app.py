@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
-from support.app_client import ChatClient
+from support.app_client import FOOTER, ChatClient, footer_of
 from support.held import held, open_streams, wait_for_streams
+from support.page import page_processes
 from support.services import ABANDONED_REPLY_S, BackendProcess, Engine, backend_env
 from support.waiting import group_gone
 
@@ -49,20 +50,12 @@ if TYPE_CHECKING:
     from backend.runtime.up import ChatPage
 
 
-FOOTER = re.compile(r"TTFT (\d+) ms \(engine (\d+) ms\) · (\d+) tokens · ([\d.]+) tok/s")
 WORDS = ("rivers", "mountains", "cities", "music", "history", "science", "gardens", "weather", "travel", "cooking")
 TRIMMED = re.compile(r"(\d+) earlier turns? left out[^*]*")
 
 
 def words(n: int) -> str:
     return " ".join(WORDS[i % len(WORDS)] for i in range(n))
-
-
-def footer_of(reply: dict) -> tuple[int, int, float]:
-    m = FOOTER.search(reply["output"])
-    assert m, f"no latency footer in {reply['output'][-200:]!r}"
-    assert int(m.group(2)) <= int(m.group(1)), "the engine's share cannot exceed what the user waited"
-    return int(m.group(1)), int(m.group(3)), float(m.group(4))
 
 
 async def engine_counts(base_url: str) -> dict[str, float]:
@@ -297,6 +290,8 @@ def test_up_serves_engine_and_page_then_ctrl_c_stops_everything(tmp_path: Path) 
         "2",
         "--context",
         "4096",
+        "--set",
+        "page_processes=2",  # the page on two processes behind its port: up warms and stops both
     ]
     up = BackendProcess(argv, backend_env(tmp_path / "run")).start()
     assert up.proc is not None
@@ -313,6 +308,8 @@ def test_up_serves_engine_and_page_then_ctrl_c_stops_everything(tmp_path: Path) 
                 return await tab.ask("hello from up")
 
         assert footer_of(asyncio.run(one_reply()))[1] > 0
+        assert "note: the page's first chat failed" not in up.output() and "only one of" not in up.output()
+        assert "chat page: 2 processes" in (tmp_path / "run" / "chat-page.log").read_text()
         groups = {
             os.getpgid(up.proc.pid): "up",
             **groups_of("backend.page.launch", "app.py", str(app_port)),
@@ -456,15 +453,22 @@ def test_new_chat_stops_the_running_reply_at_once(patient_page: ChatPage, engine
     asyncio.run(run())
 
 
-def test_a_tab_that_reconnects_in_time_keeps_its_reply(patient_page: ChatPage, engine: Engine) -> None:
+@pytest.mark.parametrize("page_fixture", ["patient_page", "two_process_page"])
+def test_a_tab_that_reconnects_in_time_keeps_its_reply(
+    page_fixture: str, request: pytest.FixtureRequest, engine: Engine
+) -> None:
+    """Also with the page on two processes: the tab comes back from its address, to its process."""
+    page: ChatPage = request.getfixturevalue(page_fixture)
+
     async def run() -> None:
-        tab = await ChatClient(patient_page.url).connect()
-        pid = patient_page.process.pid or 0
+        tab = await ChatClient(page.url).connect()
+        pids = page_processes(page)
         async with long_reply_held(tab, engine) as (mid, before):
             reply_id = tab.reply_to(mid)["id"]  # type: ignore[index]
             await tab.close()
-            again = await ChatClient(patient_page.url, session_id=tab.session_id).connect(wait_start=False)
-            assert open_streams(pid, engine.port) == 1, "the reply was stopped although the tab came back"
+            again = await ChatClient(page.url, session_id=tab.session_id).connect(wait_start=False)
+            streams = sum(open_streams(pid, engine.port) for pid in pids)
+            assert streams == 1, "the reply was stopped although the tab came back"
         try:
             await again.wait_for(lambda: "TTFT" in again.steps.get(reply_id, {}).get("output", ""), 300)
             assert "stopped" not in again.steps[reply_id]["output"]

@@ -5,12 +5,12 @@ see its latency footer. Saves the page to the test's tmp dir, and to ``docs/scre
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from support.app_client import FOOTER
 from support.services import ROOT
 
 if TYPE_CHECKING:
@@ -28,7 +28,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-FOOTER = re.compile(r"TTFT \d+ ms \(engine \d+ ms\) · \d+ tokens · [\d.]+ tok/s")
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium: apt-get install -y chromium")

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -22,7 +24,19 @@ from typing import Any
 import httpx
 import socketio
 
-from backend.measure.page_client import SOCKET_PATH, browser_auth, user_message
+from backend.measure.page_client import SOCKET_PATH, browser_auth, session_from, user_message
+
+FOOTER = re.compile(r"TTFT (\d+) ms \(engine (\d+) ms\) · (\d+) tokens · ([\d.]+) tok/s")
+"""The page's latency footer under a reply."""
+
+
+def footer_of(reply: dict[str, Any]) -> tuple[int, int, float]:
+    """(TTFT ms, tokens, tokens/s) from a reply's footer; fails when it has none."""
+    m = FOOTER.search(reply["output"])
+    assert m, f"no latency footer in {reply['output'][-200:]!r}"
+    assert int(m.group(2)) <= int(m.group(1)), "the engine's share cannot exceed what the user waited"
+    return int(m.group(1)), int(m.group(3)), float(m.group(4))
+
 
 EVENTS = (
     "new_message",
@@ -41,11 +55,14 @@ EVENTS = (
 class ChatClient:
     """One browser tab: its own session id, the steps it was shown, the actions it holds."""
 
-    def __init__(self, url: str, session_id: str | None = None) -> None:
-        """``session_id`` of an earlier tab: this one reconnects to that session, as a browser does."""
+    def __init__(self, url: str, session_id: str | None = None, source: str | None = None) -> None:
+        """``session_id`` of an earlier tab: this one reconnects to that session, as a browser does.
+        ``source``: the client address this tab's socket and clicks come from (default: any)."""
         self.url = url.rstrip("/")
         self.session_id = session_id or str(uuid.uuid4())
-        self.sio = socketio.AsyncClient(reconnection=False)
+        self.source = source
+        http = {"http_session": functools.partial(session_from, source)} if source else {}
+        self.sio = socketio.AsyncClient(reconnection=False, **http)
         self.steps: dict[str, dict[str, Any]] = {}
         """Messages by id, as the page would show them (stream tokens applied)."""
         self.order: list[str] = []
@@ -166,10 +183,15 @@ class ChatClient:
         """The chat settings panel's Confirm."""
         await self.sio.emit("chat_settings_change", values)
 
+    async def post_action(self, action: dict[str, Any], timeout: float = 120) -> httpx.Response:
+        """The HTTP request an action button sends, from this tab's address."""
+        transport = httpx.AsyncHTTPTransport(local_address=self.source) if self.source else None
+        async with httpx.AsyncClient(timeout=timeout, transport=transport) as http:
+            return await http.post(f"{self.url}/project/action", json={"sessionId": self.session_id, "action": action})
+
     async def click(self, action: dict[str, Any], timeout: float = 120) -> None:
         """An action button; returns when the handler it started has ended."""
         ends = self.task_ends
-        async with httpx.AsyncClient(timeout=timeout) as http:
-            r = await http.post(f"{self.url}/project/action", json={"sessionId": self.session_id, "action": action})
-            r.raise_for_status()
+        r = await self.post_action(action, timeout)
+        r.raise_for_status()
         await self.wait_for(lambda: self.task_ends > ends, timeout)

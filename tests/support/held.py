@@ -83,9 +83,11 @@ def _socket_inodes(pid: int) -> set[str]:
     return inodes
 
 
-def open_streams(pid: int, port: int) -> int:
-    """Established TCP connections from process ``pid`` to ``port`` on this machine."""
+def open_streams(pid: int, port: int, *, accepted: bool = False) -> int:
+    """Established TCP connections from process ``pid`` to ``port`` on this machine; with
+    ``accepted``, those ``pid`` serves on its own ``port`` instead."""
     inodes = _socket_inodes(pid)
+    side = 1 if accepted else 2
     n = 0
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -94,8 +96,7 @@ def open_streams(pid: int, port: int) -> int:
             continue
         for line in lines:
             fields = line.split()
-            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
-            if remote_port == port and fields[3] == ESTABLISHED and fields[9] in inodes:
+            if int(fields[side].rsplit(":", 1)[1], 16) == port and fields[3] == ESTABLISHED and fields[9] in inodes:
                 n += 1
     return n
 
