@@ -65,11 +65,17 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                     f"(x{w['first_over_steady']}); worst path {worst[0]} x{worst[1]['first_over_steady']}",
                     flush=True,
                 )
-            for i, (first, *later) in enumerate(run["page_chat_ttfts_s"]):
+            footers = run.get("page_chat_footers_ms") or [[] for _ in run["page_chat_ttfts_s"]]
+            for i, ((first, *later), shown) in enumerate(zip(run["page_chat_ttfts_s"], footers, strict=True)):
                 seen = [x for x in later if x is not None]
                 steady = statistics.median(seen) if seen else None
                 ratio = f"x{first / steady:.2f}" if first and steady else "no visible text in one of them"
-                print(f"  page start {i + 1}: first new chat {first} s, later (median) {steady} s ({ratio})")
+                split = (
+                    "; footers (page / engine ms): " + ", ".join(f"{f[0]}/{f[1]}" if f else "-" for f in shown)
+                    if shown
+                    else ""
+                )
+                print(f"  page start {i + 1}: first new chat {first} s, later (median) {steady} s ({ratio}){split}")
         else:
             print(f"  failed: {run['error']}", flush=True)
     report = {"machine": this_machine(), "model": settings.model.id, "runs": runs}

@@ -70,6 +70,8 @@ def user_message(text: str) -> dict[str, str]:
 
 FOOTER_TOKENS = re.compile(r"· (\d+) tokens ·")
 """The page's footer carries the engine's own completion-token count."""
+FOOTER_TTFT = re.compile(r"TTFT (\d+) ms \(engine (\d+) ms\)")
+"""...and the first-token time the page measured (from the message reaching it), with the engine's share."""
 
 
 @dataclass
@@ -110,6 +112,8 @@ class PageSession:
             extra["http_session"] = functools.partial(session_from, source)  # engineio makes and closes it
         self.sio = socketio.AsyncClient(reconnection=False, **extra)
         self.chat_started = False
+        self.shown_ttft_ms: tuple[int, int] | None = None
+        """The last reply's footer: (the page's TTFT, the engine's share) in ms; None without one."""
         self._ask: _Ask | None = None
         self._changed = asyncio.Event()
         for name in ("new_message", "update_message", "stream_start", "stream_token", "task_start", "task_end"):
@@ -225,6 +229,8 @@ class PageSession:
                 await self.sio.emit("stop")  # the Stop button: the page stops streaming this reply
         finally:
             self._ask = None
+        shown = FOOTER_TTFT.search(ask.reply_output)
+        self.shown_ttft_ms = (int(shown.group(1)), int(shown.group(2))) if shown else None
         return ask.result
 
     async def close(self) -> None:

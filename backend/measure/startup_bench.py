@@ -91,9 +91,13 @@ def idle_round(server: Server, seconds: float) -> dict[str, Any]:
     }
 
 
-async def page_first_chats(page_url: str, n: int = PAGE_CHATS) -> list[float | None]:
+async def page_first_chats(
+    page_url: str, n: int = PAGE_CHATS, shown: list[tuple[int, int] | None] | None = None
+) -> list[float | None]:
     """TTFT of ``n`` new chats through the page's socket, one after another, page defaults; None
-    for a reply with no visible text (the demo model's random weights can give one)."""
+    for a reply with no visible text (the demo model's random weights can give one). ``shown``
+    collects each reply's footer (the page's own TTFT and the engine's share, ms): which side
+    a slow first chat's time went to."""
     out: list[float | None] = []
     await (await PageSession(page_url).connect()).close()  # the client's own first socket, not the page's
     for _ in range(n):
@@ -105,6 +109,8 @@ async def page_first_chats(page_url: str, n: int = PAGE_CHATS) -> list[float | N
         if res.error and not res.error.startswith(NO_VISIBLE_REPLY):
             raise RuntimeError(f"page chat failed: {res.error}")
         out.append(res.ttft_s)
+        if shown is not None:
+            shown.append(tab.shown_ttft_ms)
     return out
 
 
@@ -143,11 +149,12 @@ def measure_start(
                 idle.append(idle_round(server, seconds))
                 log.write(json.dumps(idle[-1]) + "\n")
                 log.flush()
-        page_ttfts = _page_chats(s, run_dir, server.planned.plan.page_processes) if page else []
+        page_ttfts, page_shown = _page_chats(s, run_dir, server.planned.plan.page_processes) if page else ([], [])
         return {
             "paths": paths,
             "after_idle_s": idle,
             "page_chat_ttfts_s": [[None if x is None else round(x, 4) for x in chats] for chats in page_ttfts],
+            "page_chat_footers_ms": page_shown,
             "warmup": warmup,
             "ok": True,
             "ready_s": round(ready_s, 1),
@@ -162,10 +169,11 @@ def measure_start(
 
 def _page_chats(
     settings: Settings, run_dir: Path, workers: int = 1, starts: int = PAGE_STARTS
-) -> list[list[float | None]]:
+) -> tuple[list[list[float | None]], list[list[tuple[int, int] | None]]]:
     """Start the page as ``up`` does (``workers`` processes, serving, then its first use paid)
-    ``starts`` times; each start's new chats, timed (the first of each list is the first user's)."""
-    out = []
+    ``starts`` times; each start's new chats, timed (the first of each list is the first user's),
+    and their footers (the page's TTFT and the engine's share, ms)."""
+    out, footers = [], []
     for _ in range(starts):
         s = settings.model_copy(deep=True)
         s.app.port = free_port()
@@ -176,7 +184,9 @@ def _page_chats(
             why = page.wait_serving() or page.pay_first_use()
             if why:
                 raise RuntimeError(why)
-            out.append(asyncio.run(page_first_chats(page.url)))
+            shown: list[tuple[int, int] | None] = []
+            out.append(asyncio.run(page_first_chats(page.url, shown=shown)))
+            footers.append(shown)
         finally:
             page.stop()
-    return out
+    return out, footers

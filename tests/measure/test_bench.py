@@ -17,6 +17,7 @@ from backend.engine_api import ChatResult
 from backend.measure.bench import BenchRow, cap_levels, page_added_ttft
 from backend.measure.levels import Load, Target, closed_loop, measure_level, measure_page_level
 from backend.measure.page_floor import figures
+from backend.measure.startup_bench import page_first_chats
 from backend.measure.stats import Level
 from backend.runtime.up import ChatPage
 
@@ -179,6 +180,19 @@ def test_page_level_through_the_chat_page(engine: Engine, chainlit_app: Any, pro
     assert 0 < row["tokens_per_request_mean"] <= 16
     assert row["client_processes"] == processes, "tabs spread over client processes as direct requests are"
     assert 0 < row["client_busy"] < 1
+
+
+def test_the_first_chats_through_the_page_carry_the_footers_split(chainlit_app: Any) -> None:
+    """What bench-startup reports for a slow first chat: the client's TTFT, and the page's own
+    (its footer) with the engine's share of it."""
+    shown: list[tuple[int, int] | None] = []
+    ttfts = asyncio.run(page_first_chats(chainlit_app.url, n=2, shown=shown))
+    assert len(ttfts) == len(shown) == 2
+    for client_s, footer in zip(ttfts, shown, strict=True):
+        assert footer is not None, "no footer read"
+        page_ms, engine_ms = footer
+        assert 0 < engine_ms <= page_ms, footer
+        assert client_s is None or page_ms <= client_s * 1000 + 1, "the page cannot have waited longer than its client"
 
 
 def test_a_page_level_holds_more_open_tabs_than_an_http_pool(engine: Engine, chainlit_app: Any, tmp_path: Path) -> None:
