@@ -88,7 +88,7 @@ def run_front(target: str, host: str, port: int, workers: int) -> int:
             stop(signal.SIGTERM, None)
 
     threading.Thread(target=watch, daemon=True).start()
-    for ch in channels:  # each says when its uvicorn runs; connections wait in the backlog meanwhile
+    for ch in channels:  # each says when its uvicorn runs; until all have, the port refuses connections
         if ch.recv(16) != READY:
             stop(signal.SIGTERM, None)
     if not stopping.is_set():

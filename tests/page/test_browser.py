@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 from support.app_client import FOOTER
+from support.page import start_page
 from support.services import ROOT
 
 if TYPE_CHECKING:
-    from backend.runtime.up import ChatPage
+    from support.services import Engine
 
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -31,9 +32,12 @@ CHROMIUM_ARGS = [
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium: apt-get install -y chromium")
-def test_browser_types_and_sees_streamed_reply_with_footer(chainlit_app: ChatPage, tmp_path: Path) -> None:
+def test_browser_types_and_sees_streamed_reply_with_footer(engine: Engine, tmp_path: Path) -> None:
+    """The page's defaults made greedy: the demo model's sampled reply to this prompt sometimes ends
+    after one token (a fresh-clone run showed "1 tokens"), and a streamed reply needs a length."""
     from playwright.sync_api import expect, sync_playwright
 
+    chainlit_app = start_page(engine.run_dir, tmp_path / "chainlit.log", ERNIECHAT_APP__TEMPERATURE="0")
     frames: list[str] = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
@@ -47,7 +51,7 @@ def test_browser_types_and_sees_streamed_reply_with_footer(chainlit_app: ChatPag
             box.fill("Hello! What can you tell me about rivers?")
             box.press("Enter")
             expect(page.get_by_text("Hello! What can you tell me about rivers?")).to_be_visible(timeout=10_000)
-            footer = page.get_by_text(FOOTER)
+            footer = page.get_by_text(FOOTER).filter(has_text="· 32 tokens ·")  # the page's max_tokens here
             expect(footer).to_be_visible(timeout=120_000)
             expect(page.locator("#chat-submit")).to_be_visible(timeout=30_000)  # the task has ended
             # Chainlit scrolls a sent message to the top; scroll back so the banner shows too
@@ -58,6 +62,7 @@ def test_browser_types_and_sees_streamed_reply_with_footer(chainlit_app: ChatPag
             page.screenshot(path=str(shot))
         finally:
             browser.close()
+            chainlit_app.stop()
     # Streamed: the reply's first text reached the browser as a stream event before the message
     # with its footer. (Not "several stream events": a starved engine's API server hands over a
     # short reply's tokens in one chunk, which the page passes on as they come, in one event.)
