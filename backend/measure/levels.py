@@ -207,21 +207,14 @@ def page_span(job: dict[str, Any], ready: Ready) -> Span:
 async def _page_span(
     page_url: str, cookie: str | None, load: Load, concurrency: int, n_requests: int, ready: Ready, part: int = 0
 ) -> Span:
-    import aiohttp
-
-    from backend.measure.page_client import PageError, PageSession, loopback_sources
+    from backend.measure.page_client import PageError, PageSession, loopback_sources, session_from
 
     # Each open tab holds one of the session's connections: no pool limit (aiohttp's 100 would
     # leave the 101st tab waiting for a connection that never frees). Tabs come from several
     # client addresses (a page of several processes places each address on one of them).
     sources = loopback_sources(page_url, SOURCES_PER_PROCESS, first=2 + part * SOURCES_PER_PROCESS)
     async with contextlib.AsyncExitStack() as stack:
-        https = [
-            await stack.enter_async_context(
-                aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, local_addr=(s, 0) if s else None))
-            )
-            for s in sources
-        ]
+        https = [await stack.enter_async_context(session_from(s, limit=0)) for s in sources]
         gate = asyncio.Semaphore(TAB_OPENS_AT_ONCE)
 
         async def open_tab(i: int) -> PageSession | PageError:

@@ -44,11 +44,14 @@ def loopback_sources(url: str, count: int, first: int = 1) -> list[str | None]:
     return [f"127.0.0.{(first - 1 + k) % 254 + 1}" for k in range(count)]
 
 
-def session_from(source: str) -> Any:
-    """An aiohttp session whose connections come from the client address ``source``."""
+def session_from(source: str | None, limit: int = 100) -> Any:
+    """An aiohttp session whose connections come from the client address ``source`` (None: any),
+    at most ``limit`` at once (0: no limit)."""
     import aiohttp
 
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(source, 0)))
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit, local_addr=(source, 0) if source else None)
+    )
 
 
 def browser_auth(session_id: str) -> dict[str, str]:
