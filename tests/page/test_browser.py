@@ -64,8 +64,8 @@ def test_browser_types_and_sees_streamed_reply_with_footer(engine: Engine, tmp_p
             browser.close()
             chainlit_app.stop()
     # Streamed: the reply's first text reached the browser as a stream event before the message
-    # with its footer. (Not "several stream events": a starved engine's API server hands over a
-    # short reply's tokens in one chunk, which the page passes on as they come, in one event.)
+    # with its footer. (The order, not a count of events: how many a 32-token reply takes depends
+    # on how fast the engine is against the page's 30 ms joining.)
     started = next((i for i, f in enumerate(frames) if "stream_start" in f), None)
     finished = next((i for i, f in enumerate(frames) if "update_message" in f and "tok/s" in f), None)
     events = [name for f in frames for name in ("stream_start", "stream_token", "update_message") if name in f]
