@@ -12,7 +12,7 @@ from backend.cli.options import add_plan_options
 from backend.errors import UsageError
 from backend.measure.bench import this_machine
 from backend.measure.plots import plot_startup
-from backend.measure.startup_bench import measure_start
+from backend.measure.startup_bench import PAUSE_S, measure_start
 from backend.runtime.process import unwind_on_signals
 from config.settings import Settings
 
@@ -53,8 +53,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 flush=True,
             )
             for name, w in run["paths"].items():
+                after = w.get("paused_ttft_s")
+                paused = f", after {PAUSE_S:g} s idle {after * 1000:6.1f} ms" if after else ""
                 print(
                     f"  {name:28} first {w['first_ttft_s'] * 1000:6.1f} ms, steady {w['steady_ttft_s'] * 1000:6.1f} ms"
+                    + paused
                 )
             for rnd in run["after_idle_s"]:
                 page, w = next(iter(rnd["paths"].items()))
@@ -62,7 +65,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 print(
                     f"  after {rnd['slept_s']:g} s idle (load {rnd['load1']}): {page} first "
                     f"{w['first_ttft_s'] * 1000:.1f} ms, steady {w['steady_ttft_s'] * 1000:.1f} ms "
-                    f"(x{w['first_over_steady']}); worst path {worst[0]} x{worst[1]['first_over_steady']}",
+                    f"(x{w['first_over_steady']}; x{w.get('first_over_paused', '-')} the requests after "
+                    f"{PAUSE_S:g} s idle); worst path {worst[0]} x{worst[1]['first_over_steady']}",
                     flush=True,
                 )
             footers = run.get("page_chat_footers_ms") or [[] for _ in run["page_chat_ttfts_s"]]

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from backend.engine_api import KINDS, ask, headers, request
+from backend.engine_api import KINDS, Kind, ask, headers, request
 from backend.measure.page_client import PageSession
 from backend.measure.prompts import prompt_of
 from backend.runtime.process import free_port
@@ -38,26 +38,33 @@ REPLY_TOKENS = 16
 PATH_REQUESTS = 4
 PAGE_CHATS = 6
 PAGE_STARTS = 3
+PAUSE_S = 1.5
+PAUSED_REQUESTS = 3
 NO_VISIBLE_REPLY = "the page answered without a reply"
 
 
-async def path_warmth(base_url: str, model: str, api_key: str | None) -> dict[str, dict[str, float]]:
-    """Per request path: its first request against the median of the next few. Every path's first
-    request goes out before any path's steady ones, so each first meets the engine as the others
-    left it (after idling: only the first path meets the idle engine itself)."""
+async def path_warmth(
+    base_url: str, model: str, api_key: str | None, pause_s: float = PAUSE_S
+) -> dict[str, dict[str, float]]:
+    """Per request path: its first request against the median of the next few sent back to back
+    (``steady``) and of a few each sent after ``pause_s`` idle (``paused``: what a chat user's
+    messages meet; on one H200 host a request after even 1 s idle cost 1.1-1.3x the next ones
+    with the GPU's clock at its maximum, so that is the host's own, not a cold path). Every
+    path's first request goes out before any path's steady ones, so each first meets the engine
+    as the others left it (after idling: only the first path meets the idle engine itself)."""
     timed: dict[str, list[float]] = {kind.name: [] for kind in KINDS}
+    paused: dict[str, list[float]] = {kind.name: [] for kind in KINDS}
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0)) as client:
         # the client's own first use (its connection, its HTTP code's first run), not the engine's
         (await client.get(f"{base_url.rstrip('/')}/models", headers=headers(api_key))).raise_for_status()
         for n in (1, PATH_REQUESTS - 1):
             for kind in KINDS:
                 for _ in range(n):
-                    res = await request(
-                        client, base_url, model, kind, prompt_of(40), max_tokens=REPLY_TOKENS, api_key=api_key
-                    )
-                    if not res.ok:
-                        raise RuntimeError(f"{kind.name} request failed: {res.error}")
-                    timed[kind.name].append(res.ttft_s or 0.0)
+                    timed[kind.name].append(await _path_ttft(client, base_url, model, kind, api_key))
+        for kind in KINDS if pause_s > 0 else ():
+            for _ in range(PAUSED_REQUESTS):
+                await asyncio.sleep(pause_s)
+                paused[kind.name].append(await _path_ttft(client, base_url, model, kind, api_key))
     out: dict[str, dict[str, float]] = {}
     for name, ttfts in timed.items():
         steady = statistics.median(ttfts[1:])
@@ -66,7 +73,20 @@ async def path_warmth(base_url: str, model: str, api_key: str | None) -> dict[st
             "steady_ttft_s": round(steady, 4),
             "first_over_steady": round(ttfts[0] / steady, 2) if steady else 0.0,
         }
+        if paused[name]:
+            after_pause = statistics.median(paused[name])
+            out[name] |= {
+                "paused_ttft_s": round(after_pause, 4),
+                "first_over_paused": round(ttfts[0] / after_pause, 2) if after_pause else 0.0,
+            }
     return out
+
+
+async def _path_ttft(client: httpx.AsyncClient, base_url: str, model: str, kind: Kind, api_key: str | None) -> float:
+    res = await request(client, base_url, model, kind, prompt_of(40), max_tokens=REPLY_TOKENS, api_key=api_key)
+    if not res.ok:
+        raise RuntimeError(f"{kind.name} request failed: {res.error}")
+    return res.ttft_s or 0.0
 
 
 def idle_round(server: Server, seconds: float) -> dict[str, Any]:
