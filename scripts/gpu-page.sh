@@ -79,10 +79,10 @@ elif start_backend "$RES/up.log" "^chat:" up --model demo --users 64 "$@"; then
   python3 - <<'PY' | tee "$RES/first-use.json"
 import asyncio, json
 from backend.measure.startup_bench import page_first_chats, path_warmth
-shown = []
-page = asyncio.run(page_first_chats("http://127.0.0.1:8080", shown=shown))
+page = asyncio.run(page_first_chats("http://127.0.0.1:8080"))
 paths = asyncio.run(path_warmth("http://127.0.0.1:8000/v1", "demo", None))
-print(json.dumps({"page_first_chats_ttft_s": page, "page_first_chats_footers_ms": shown, "paths_after_ready": paths}))
+print(json.dumps({"page_first_chats_ttft_s": [c.ttft_s for c in page], "page_first_chats_footers_ms": [c.footer_ms for c in page],
+                  "paths_after_ready": paths}))
 PY
   save_results
   page_pid=$(pgrep -f "backend[.]page[.]launch" | head -1)

@@ -5,10 +5,11 @@ ready, then send the first user request and a few more (distinct prompts) and re
 time to first token. Without warm-up the first user pays for what vLLM does on first use
 (kernel compilation, allocator growth); with it, the first user sees the steady state.
 Then, per request path (``engine_api.KINDS``: chat or completions, streamed or whole, sampled
-or greedy), its first request against its steady state; optionally again after the engine sat
-idle (rounds in the order given, repeats allowed: ``--idle 30,120,30,120``); and optionally
-the chat page, started as ``up`` starts it (its first use paid before ``chat:``) several times
-over: each start's first new chat against later ones.
+or greedy), its first request against its steady state, back to back and after a short pause;
+optionally again after the engine sat idle (rounds in the order given, repeats allowed:
+``--idle 30,120,30,120``); and optionally the chat page, started as ``up`` starts it (its first
+use paid before ``chat:``) several times over: each start's first new chat against later ones,
+each after the same short pause.
 Output: a table, ``startup.json`` and ``startup.png`` (``plots.plot_startup``).
 """
 
@@ -20,6 +21,7 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -111,16 +113,25 @@ def idle_round(server: Server, seconds: float) -> dict[str, Any]:
     }
 
 
-async def page_first_chats(
-    page_url: str, n: int = PAGE_CHATS, shown: list[tuple[int, int] | None] | None = None
-) -> list[float | None]:
-    """TTFT of ``n`` new chats through the page's socket, one after another, page defaults; None
-    for a reply with no visible text (the demo model's random weights can give one). ``shown``
-    collects each reply's footer (the page's own TTFT and the engine's share, ms): which side
-    a slow first chat's time went to."""
-    out: list[float | None] = []
+@dataclass(frozen=True)
+class PageChat:
+    """One new chat through the page's socket: the client's time to first text (None for a reply
+    with no visible text: the demo model's random weights can give one) and the page's footer
+    (its own TTFT and the engine's share, ms): which side a slow first chat's time went to."""
+
+    ttft_s: float | None
+    footer_ms: tuple[int, int] | None
+
+
+async def page_first_chats(page_url: str, n: int = PAGE_CHATS, pause_s: float = PAUSE_S) -> list[PageChat]:
+    """``n`` new chats through the page's socket, one after another, page defaults, each after
+    ``pause_s`` idle: the first user arrives some time after ``chat:`` and later ones some time
+    after each other, and any pause costs the next request (``path_warmth``), so the first chat
+    is compared with later ones on equal terms and what is left is the cost of being first."""
+    out: list[PageChat] = []
     await (await PageSession(page_url).connect()).close()  # the client's own first socket, not the page's
     for _ in range(n):
+        await asyncio.sleep(pause_s)
         tab = await PageSession(page_url).connect()
         try:
             res = await tab.ask(prompt_of(24))
@@ -128,9 +139,7 @@ async def page_first_chats(
             await tab.close()
         if res.error and not res.error.startswith(NO_VISIBLE_REPLY):
             raise RuntimeError(f"page chat failed: {res.error}")
-        out.append(res.ttft_s)
-        if shown is not None:
-            shown.append(tab.shown_ttft_ms)
+        out.append(PageChat(res.ttft_s, tab.shown_ttft_ms))
     return out
 
 
@@ -169,12 +178,12 @@ def measure_start(
                 idle.append(idle_round(server, seconds))
                 log.write(json.dumps(idle[-1]) + "\n")
                 log.flush()
-        page_ttfts, page_shown = _page_chats(s, run_dir, server.planned.plan.page_processes) if page else ([], [])
+        page_chats = _page_chats(s, run_dir, server.planned.plan.page_processes) if page else []
         return {
             "paths": paths,
             "after_idle_s": idle,
-            "page_chat_ttfts_s": [[None if x is None else round(x, 4) for x in chats] for chats in page_ttfts],
-            "page_chat_footers_ms": page_shown,
+            "page_chat_ttfts_s": [[c.ttft_s and round(c.ttft_s, 4) for c in chats] for chats in page_chats],
+            "page_chat_footers_ms": [[c.footer_ms for c in chats] for chats in page_chats],
             "warmup": warmup,
             "ok": True,
             "ready_s": round(ready_s, 1),
@@ -187,13 +196,10 @@ def measure_start(
         }
 
 
-def _page_chats(
-    settings: Settings, run_dir: Path, workers: int = 1, starts: int = PAGE_STARTS
-) -> tuple[list[list[float | None]], list[list[tuple[int, int] | None]]]:
+def _page_chats(settings: Settings, run_dir: Path, workers: int = 1, starts: int = PAGE_STARTS) -> list[list[PageChat]]:
     """Start the page as ``up`` does (``workers`` processes, serving, then its first use paid)
-    ``starts`` times; each start's new chats, timed (the first of each list is the first user's),
-    and their footers (the page's TTFT and the engine's share, ms)."""
-    out, footers = [], []
+    ``starts`` times; each start's new chats (the first of each list is the first user's)."""
+    out = []
     for _ in range(starts):
         s = settings.model_copy(deep=True)
         s.app.port = free_port()
@@ -204,9 +210,7 @@ def _page_chats(
             why = page.wait_serving() or page.pay_first_use()
             if why:
                 raise RuntimeError(why)
-            shown: list[tuple[int, int] | None] = []
-            out.append(asyncio.run(page_first_chats(page.url, shown=shown)))
-            footers.append(shown)
+            out.append(asyncio.run(page_first_chats(page.url)))
         finally:
             page.stop()
-    return out, footers
+    return out
