@@ -1,4 +1,4 @@
-# Sourced by the GPU-host scripts (gpu-vs-defaults.sh, gpu-page.sh): stage vLLM and the carried
+# Sourced by the GPU-host scripts (gpu-vs-defaults.sh, gpu-page.sh, gpu-warmth.sh): stage vLLM and the carried
 # packages, and the helpers they share. Results go to $RES; save_results packs it into
 # $OUT/results.tar.gz (the device returns at most 8 files), after every stage, so a call cut
 # at its time limit still returns what it measured.
@@ -9,6 +9,7 @@ OUT=${OUT:-bench-results/gpu-$(date +%Y%m%d-%H%M%S)}
 RES=${RES:-/tmp/gpu-results}
 DIR=${ERNIECHAT_MODEL__DEMO_DIR:-/tmp/erniechat-demo-full}
 G="bash scripts/gpu-host.sh"
+rm -rf "$RES"  # a warm machine keeps /tmp between calls: each call returns only what it measured
 mkdir -p "$OUT" "$RES"
 
 save_results() { tar -czf "$OUT/results.tar.gz" -C "$RES" . 2>/dev/null; }
