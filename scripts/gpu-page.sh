@@ -19,9 +19,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu-lib.sh
-trap 'gpu_clean; save_results' EXIT
-gpu_clean
-[ -d "$DIR" ] || $G demo-model "$DIR" --full-size | tail -1
+gpu_begin
 
 cpu_s() {  # PID: user + system seconds (100 Hz ticks) of the process group PID leads (or of PID)
   local total=0 p pids

@@ -12,7 +12,6 @@ cd "$(dirname "$0")/.."
 source scripts/gpu-lib.sh
 REPEATS=${REPEATS:-3}
 read -ra LV <<< "${LEVELS:-128 256}"
-trap 'gpu_clean; save_results' EXIT
 
 project() {  # NAME serve-flags...: the project's plan as `serve` starts it, measured, stopped
   local name=$1; shift
@@ -23,8 +22,7 @@ project() {  # NAME serve-flags...: the project's plan as `serve` starts it, mea
   gpu_clean; save_results
 }
 
-gpu_clean
-$G demo-model "$DIR" --full-size | tail -1
+gpu_begin
 echo "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader)"
 project project "$@"
 if [ "${DEFAULTS:-1}" != 0 ]; then

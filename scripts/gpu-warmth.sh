@@ -8,9 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu-lib.sh
-trap 'gpu_clean; save_results' EXIT
-gpu_clean
-[ -d "$DIR" ] || $G demo-model "$DIR" --full-size | tail -1
+gpu_begin
 { cat /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor 2>&1; nproc; grep -m1 "model name" /proc/cpuinfo
   nvidia-smi -q -d CLOCK,PERFORMANCE,POWER; } > "$RES/host.txt" 2>&1
 n=0
