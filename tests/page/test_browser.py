@@ -15,7 +15,11 @@ from support.page import start_page
 from support.services import ROOT
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from support.services import Engine
+
+    from backend.runtime.up import ChatPage
 
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -31,20 +35,26 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium: apt-get install -y chromium")
-def test_browser_types_and_sees_streamed_reply_with_footer(engine: Engine, tmp_path: Path) -> None:
+@pytest.fixture
+def greedy_page(engine: Engine, tmp_path: Path) -> Iterator[ChatPage]:
     """The page's defaults made greedy: the demo model's sampled reply to this prompt sometimes ends
     after one token (a fresh-clone run showed "1 tokens"), and a streamed reply needs a length."""
+    page = start_page(engine.run_dir, tmp_path / "chainlit.log", ERNIECHAT_APP__TEMPERATURE="0")
+    yield page
+    page.stop()
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium: apt-get install -y chromium")
+def test_browser_types_and_sees_streamed_reply_with_footer(greedy_page: ChatPage, tmp_path: Path) -> None:
     from playwright.sync_api import expect, sync_playwright
 
-    chainlit_app = start_page(engine.run_dir, tmp_path / "chainlit.log", ERNIECHAT_APP__TEMPERATURE="0")
     frames: list[str] = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 860})
             page.on("websocket", lambda ws: ws.on("framereceived", lambda f: frames.append(str(f))))
-            page.goto(chainlit_app.url)
+            page.goto(greedy_page.url)
             box = page.locator("#chat-input")
             box.wait_for(timeout=60_000)
             expect(page.get_by_text("Demo model: random weights.")).to_be_visible(timeout=30_000)
@@ -62,7 +72,6 @@ def test_browser_types_and_sees_streamed_reply_with_footer(engine: Engine, tmp_p
             page.screenshot(path=str(shot))
         finally:
             browser.close()
-            chainlit_app.stop()
     # Streamed: the reply's first text reached the browser as a stream event before the message
     # with its footer. (The order, not a count of events: how many a 32-token reply takes depends
     # on how fast the engine is against the page's 30 ms joining.)
