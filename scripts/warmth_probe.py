@@ -1,7 +1,7 @@
 """Why the engine's first requests after ``ready:`` can cost more on a GPU host (issue 15).
 
 Against a running engine (``serve`` printed ``ready:``), with the project's own client
-(``backend.engine_api.request``), every request logged raw with its send time:
+(``startup_bench.path_request``, as ``bench-startup`` sends them), every request logged raw with its send time:
 
 1. ``first``: every path's first request, in ``--order`` (sampled paths first, as ``bench-startup``
    sends them, or greedy first), then three more of each (``steady``);
@@ -28,10 +28,9 @@ from typing import TextIO
 
 import httpx
 
-from backend.engine_api import KINDS, Kind, request
-from backend.measure.prompts import prompt_of
+from backend.engine_api import KINDS, Kind
+from backend.measure.startup_bench import path_request
 
-REPLY_TOKENS = 16
 PAUSES_S = (1.0, 3.0, 10.0)
 
 
@@ -48,9 +47,7 @@ async def _passes(base_url: str, model: str, kinds: list[Kind], log: TextIO) -> 
 
         async def one(phase: str, kind: Kind) -> None:
             t = time.time()
-            res = await request(client, base_url, model, kind, prompt_of(40), max_tokens=REPLY_TOKENS)
-            if not res.ok:
-                raise RuntimeError(f"{kind.name}: {res.error}")
+            res = await path_request(client, base_url, model, kind)
             row = {"phase": phase, "kind": kind.name, "t": round(t, 3), "ttft_ms": round((res.ttft_s or 0) * 1e3, 2)}
             row["total_ms"] = round((res.total_s or 0) * 1e3, 2)
             log.write(json.dumps(row) + "\n")

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from backend.engine_api import KINDS, Kind, ask, headers, request
+from backend.engine_api import KINDS, ChatResult, Kind, ask, headers, request
 from backend.measure.page_client import PageSession
 from backend.measure.prompts import prompt_of
 from backend.runtime.process import free_port
@@ -84,11 +84,18 @@ async def path_warmth(
     return out
 
 
-async def _path_ttft(client: httpx.AsyncClient, base_url: str, model: str, kind: Kind, api_key: str | None) -> float:
+async def path_request(
+    client: httpx.AsyncClient, base_url: str, model: str, kind: Kind, api_key: str | None = None
+) -> ChatResult:
+    """One measuring request of ``kind`` (a distinct 40-word prompt, a 16-token reply); raises if it fails."""
     res = await request(client, base_url, model, kind, prompt_of(40), max_tokens=REPLY_TOKENS, api_key=api_key)
     if not res.ok:
         raise RuntimeError(f"{kind.name} request failed: {res.error}")
-    return res.ttft_s or 0.0
+    return res
+
+
+async def _path_ttft(client: httpx.AsyncClient, base_url: str, model: str, kind: Kind, api_key: str | None) -> float:
+    return (await path_request(client, base_url, model, kind, api_key)).ttft_s or 0.0
 
 
 def idle_round(server: Server, seconds: float) -> dict[str, Any]:
