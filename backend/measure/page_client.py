@@ -31,6 +31,8 @@ from backend.engine_api import ChatResult
 from backend.errors import PageError
 
 SOCKET_PATH = "/ws/socket.io"
+NO_VISIBLE_REPLY = "the page answered without a reply"
+"""How a reply with no visible text starts its error: no first token to time (random weights give some)."""
 
 
 def loopback_sources(url: str, count: int, first: int = 1) -> list[str | None]:
@@ -173,7 +175,7 @@ class PageSession:
         res.tokens = int(counted.group(1)) if counted else len(res.token_times)
         if not res.token_times:
             shown = ask.last_output.strip().splitlines()[:1]
-            res.error = f"the page answered without a reply: {shown[0][:200] if shown else 'nothing shown'}"
+            res.error = f"{NO_VISIBLE_REPLY}: {shown[0][:200] if shown else 'nothing shown'}"
         elif "⚠️" in ask.reply_output and not counted:
             res.error = f"the page reported an error: {ask.reply_output.split('⚠️', 1)[1].strip()[:200]}"
         ask.done = True

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from backend.engine_api import KINDS, ChatResult, Kind, ask, headers, request
-from backend.measure.page_client import PageSession
+from backend.measure.page_client import NO_VISIBLE_REPLY, PageSession
 from backend.measure.prompts import prompt_of
 from backend.runtime.process import free_port
 from backend.runtime.serve import Server, logged_server
@@ -42,7 +42,6 @@ PAGE_CHATS = 6
 PAGE_STARTS = 3
 PAUSE_S = 1.5
 PAUSED_REQUESTS = 3
-NO_VISIBLE_REPLY = "the page answered without a reply"
 
 
 async def path_warmth(

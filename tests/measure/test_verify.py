@@ -88,7 +88,7 @@ def test_prompts_go_through_the_chat_page(engine: Engine, chainlit_app: ChatPage
     data = json.loads(proc.stdout)
     assert data["path"] == f"chat page {chainlit_app.url}"
     jitter = by_name(data["checks"])["TTFT jitter"]
-    assert isinstance(jitter["value"], float) and jitter["value"] > 0, jitter
+    assert isinstance(jitter["value"], float) and jitter["value"] > 0, (jitter["measured"], jitter["note"])
     assert jitter["note"].startswith(f"via chat page {chainlit_app.url}, 3 prompts of 10-100 words")
 
 

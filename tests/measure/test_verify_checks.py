@@ -4,11 +4,14 @@ machines, and prompt timings; no engine, nothing mocked.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from support.services import ROOT
 
+from backend.engine_api import ChatResult
+from backend.measure.page_client import NO_VISIBLE_REPLY
 from backend.measure.prompts import prompt_lengths
 from backend.measure.verify.checks import (
     GPUReading,
@@ -23,6 +26,7 @@ from backend.measure.verify.checks import (
     check_utilisation,
     find_nccl_problems,
 )
+from backend.measure.verify.run import VISIBLE_RESENDS, send_prompts
 from config.hardware import load_profile
 from config.model import read_model
 from config.plan import Plan
@@ -218,6 +222,27 @@ def test_a_failed_prompt_fails_the_jitter_check() -> None:
     runs[1] = PromptTiming(50, None, "HTTP 400: too long")
     check = check_jitter(runs, "engine x")
     assert check.result == "fail" and "HTTP 400" in check.note and check.measured == "1 of 3 prompts failed"
+
+
+def test_a_reply_with_no_visible_text_is_resent_under_a_fresh_nonce() -> None:
+    """As the page answered the demo model 2 times in 60 greedy prompts: 16 tokens, none visible
+    (recorded replies: the fault cannot be caused on demand, it depends on the prompt's nonce)."""
+    empty = ChatResult(error=f"{NO_VISIBLE_REPLY}: ---", tokens=16)
+    replies = [empty, ChatResult(ttft_s=0.03, tokens=16)] + [empty] * (VISIBLE_RESENDS + 1)
+    sent: list[str] = []
+
+    async def ask(text: str) -> ChatResult:
+        sent.append(text)
+        return replies[len(sent) - 1]
+
+    out = asyncio.run(send_prompts(["[n0] a b c", "[n1] d e f g"], [3, 4], ask))
+    assert [(t.words, t.ttft_s, t.error, t.resent) for t in out[:1]] == [(3, 0.03, None, 1)]
+    assert out[1].resent == VISIBLE_RESENDS and out[1].error == empty.error
+    assert len(sent) == 2 + VISIBLE_RESENDS + 1 and len(set(sent)) == len(sent)  # a fresh nonce each time
+    assert [len(t.split()) - 1 for t in sent] == [3, 3] + [4] * (VISIBLE_RESENDS + 1)  # the same length
+    check = check_jitter([out[0], PromptTiming(50, 0.04, resent=2)], "page x")
+    assert check.result == "pass"
+    assert check.note.endswith("; 3 resent under a fresh nonce (a reply with no visible text)")
 
 
 def test_utilisation_needs_every_card_above_60_under_load() -> None:

@@ -262,6 +262,8 @@ class PromptTiming:
     words: int
     ttft_s: float | None
     error: str | None = None
+    resent: int = 0
+    """Times the prompt went again under a fresh nonce because its reply had no visible text."""
 
 
 def check_jitter(timings: Sequence[PromptTiming], path: str) -> Check:
@@ -288,6 +290,8 @@ def check_jitter(timings: Sequence[PromptTiming], path: str) -> Check:
     if len(set(words)) > 1:
         slope = statistics.linear_regression(words, ttfts).slope * 100
         note += f", {slope * 1000:+.1f} ms per 100 words (prefill)"
+    if resent := sum(t.resent for t in timings):
+        note += f"; {resent} resent under a fresh nonce (a reply with no visible text)"
     result: Result = "pass" if jitter < JITTER_MAX_S else "fail"
     return Check("TTFT jitter", result, f"{jitter * 1000:.0f} ms", threshold, note, round(jitter, 4))
 
