@@ -122,7 +122,7 @@ def idle_round(server: Server, seconds: float) -> dict[str, Any]:
 @dataclass(frozen=True)
 class PageChat:
     """One new chat through the page's socket: the client's time to first text (None for a reply
-    with no visible text: the demo model's random weights can give one) and the page's footer
+    with no visible text, which a model may give) and the page's footer
     (its own TTFT and the engine's share, ms): which side a slow first chat's time went to."""
 
     ttft_s: float | None

@@ -30,8 +30,8 @@ from typing import Any, Final
 
 from backend.runtime.demo_tokenizer import (
     END_OF_SENTENCE_ID,
-    SPECIAL_TOKENS,
     build_tokenizer,
+    silent_ids,
     write_json,
     write_tokenizer,
 )
@@ -48,9 +48,10 @@ __all__ = [
 DEMO_MARKER: Final = "DEMO_MODEL.json"
 """File in a checkpoint directory that marks it as this random-weight demo."""
 
-MARKER_FORMAT: Final = 2
+MARKER_FORMAT: Final = 3
 """Bumped when the checkpoint changes, so older demo checkpoints are rewritten (2: special-token
-embedding rows are zero, so greedy replies run to max_tokens)."""
+embedding rows are zero, so greedy replies run to max_tokens; 3: so are the rows of byte pieces
+that are not whole UTF-8, so every reply streams visible text)."""
 
 NOTE: Final = "random weights: answers are noise"
 
@@ -138,8 +139,9 @@ def _shape(full_size: bool) -> dict[str, Any]:
 # --- weights -----------------------------------------------------------------------
 
 
-def _write_weights(directory: Path, shape: dict[str, Any], seed: int) -> int:
-    """Save random bf16 weights with transformers' own classes; return the parameter count."""
+def _write_weights(directory: Path, shape: dict[str, Any], seed: int, silent: list[int]) -> int:
+    """Save random bf16 weights with transformers' own classes; return the parameter count.
+    ``silent``: token ids whose rows are zero (``silent_ids``)."""
     import torch
     from transformers import Ernie4_5Config, Ernie4_5ForCausalLM
 
@@ -171,10 +173,11 @@ def _write_weights(directory: Path, shape: dict[str, Any], seed: int) -> int:
                 param.fill_(1.0)
             else:
                 param.normal_(0.0, std, generator=generator)
-        # Zero rows for the special tokens: with tied embeddings their logit is always 0, below
-        # the largest of thousands of random logits, so greedy replies never end early and
-        # sampled ones rarely do. Latency tests and demos rely on replies of the asked length.
-        model.model.embed_tokens.weight[: len(SPECIAL_TOKENS)] = 0
+        # Zero rows for the special tokens and partial UTF-8 bytes: with tied embeddings their
+        # logit is always 0, below the largest of thousands of random logits, so greedy replies
+        # never end early or go silent, and sampled ones rarely do. Latency tests and demos rely
+        # on replies of the asked length that show text.
+        model.model.embed_tokens.weight[silent] = 0
     n_params = sum(p.numel() for p in model.parameters())
 
     save_kwargs: dict[str, Any] = {"max_shard_size": "50GB"}
@@ -220,7 +223,7 @@ def _transformers_version() -> str:
 def _build(directory: Path, *, full_size: bool, seed: int) -> int:
     shape = _shape(full_size)
     tokenizer = build_tokenizer(shape["vocab_size"])
-    n_params = _write_weights(directory, shape, seed)
+    n_params = _write_weights(directory, shape, seed, silent_ids(tokenizer.get_vocab()))
     write_tokenizer(directory, tokenizer, MODEL_MAX_LENGTH)
     write_json(
         directory / "generation_config.json",

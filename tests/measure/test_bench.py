@@ -205,11 +205,9 @@ def test_a_page_level_holds_more_open_tabs_than_an_http_pool(engine: Engine, cha
     results = {r["path"]: r for r in json.loads((tmp_path / "bench.json").read_text())["results"]}
     page = results["page"]
     assert page["requests"] == 101 and page["client_processes"] == 1, page
-    # the demo model's random weights can give a reply with no visible text (the page then shows
-    # only its footer, "---"; bench counts it as an error and exits 1); nothing else may fail
-    assert set(page["error_samples"]) <= {"the page answered without a reply: ---"}, page
-    assert page["errors"] < page["requests"] and results["direct"]["errors"] == 0, results
-    assert done.returncode == (1 if page["errors"] else 0), done.stdout + done.stderr
+    # every reply shows text (the demo checkpoint's silent rows are zero): nothing may fail
+    assert page["errors"] == 0 and results["direct"]["errors"] == 0, results
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_bench_page_measures_the_page_against_direct_and_the_echo_floor(
@@ -225,10 +223,7 @@ def test_bench_page_measures_the_page_against_direct_and_the_echo_floor(
         for path in ("direct", "page", "echo"):
             figures = lv["paths"][path]
             assert figures["requests"] == 2 * lv["concurrency"], (path, figures)
-            # the demo model's random weights can give a reply with no visible text (the page then
-            # shows only its footer, "---"); any other error is a failure
-            empty = [e for e in figures["first_errors"] if e == "the page answered without a reply: ---"]
-            assert figures["errors"] == len(empty) and figures["errors"] < figures["requests"], (path, figures)
+            assert figures["errors"] == 0, (path, figures)
             assert figures["ttft_p50_ms"] > 0
         assert lv["echo_floor_ms"] == lv["paths"]["echo"]["ttft_p50_ms"]
         assert lv["page_added_ttft_ms"] == round(

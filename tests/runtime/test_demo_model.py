@@ -29,6 +29,8 @@ LOAD_SCRIPT = textwrap.dedent(
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from backend.runtime.demo_tokenizer import silent_ids
+
     path = sys.argv[1]
     cfg = AutoConfig.from_pretrained(path)
     tok = AutoTokenizer.from_pretrained(path)
@@ -45,6 +47,7 @@ LOAD_SCRIPT = textwrap.dedent(
         logits = model(input_ids=enc["input_ids"]).logits
         greedy = model.generate(**enc, max_new_tokens=64, do_sample=False)[0, enc["input_ids"].shape[1]:]
     rope = getattr(cfg, "rope_parameters", None) or {}
+    silent = silent_ids(tok.get_vocab())
     with safe_open(f"{path}/model.safetensors", framework="pt") as weights:
         saved_dtypes = sorted({str(weights.get_tensor(k).dtype) for k in weights.keys()})
         saved_names = sorted(weights.keys())
@@ -73,6 +76,9 @@ LOAD_SCRIPT = textwrap.dedent(
         "logits_shape": list(logits.shape),
         "logits_finite": bool(torch.isfinite(logits).all()),
         "special_rows_zero": bool((model.model.embed_tokens.weight[:5] == 0).all()),
+        "silent_rows": silent,
+        "silent_rows_zero": bool((model.model.embed_tokens.weight[silent] == 0).all()),
+        "other_rows_zero": int((model.model.embed_tokens.weight.abs().sum(dim=1) == 0).sum()) - len(silent),
         "greedy_len": int(greedy.shape[0]),
         "greedy_specials": sorted({int(t) for t in greedy if int(t) < 5}),
     }))
@@ -203,6 +209,9 @@ def test_forward_pass_gives_vocab_logits(loaded: dict[str, Any]) -> None:
 def test_greedy_replies_never_end_early(loaded: dict[str, Any]) -> None:
     """Latency tests and stop tests need replies of the asked length: no special token is chosen."""
     assert loaded["special_rows_zero"]
+    # nor a lone byte of a longer UTF-8 character: vLLM streams no text for it (test_engine)
+    assert loaded["silent_rows"][:5] == [0, 1, 2, 3, 4] and len(loaded["silent_rows"]) == 5 + 128
+    assert loaded["silent_rows_zero"] and loaded["other_rows_zero"] == 0
     assert loaded["greedy_len"] == 64 and loaded["greedy_specials"] == []
 
 

@@ -83,9 +83,9 @@ async def send_prompts(prompts: Sequence[str], lengths: Sequence[int], ask: Ask)
     """One prompt at a time (so each TTFT is the engine's, not a queue's).
 
     A reply with no visible text has no first-token time to measure (the page shows nothing
-    until text comes; the demo model's random weights give such replies to a few prompts in a
-    hundred, greedily), so that prompt is sent again under a fresh nonce, up to VISIBLE_RESENDS
-    times, and the resends are counted."""
+    until text comes; the demo checkpoint gave 2 in 100 greedy prompts such a reply before its
+    rows for partial UTF-8 bytes were zeroed, and a real model may too), so that prompt is sent
+    again under a fresh nonce, up to VISIBLE_RESENDS times, and the resends are counted."""
     out: list[PromptTiming] = []
     for text, words in zip(prompts, lengths, strict=True):
         res, resent = await ask(text), 0
