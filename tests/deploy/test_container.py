@@ -158,6 +158,7 @@ def engine_log(podman: Podman, name: str, lines: int = 40) -> str:
 
 
 def wait_for_page(podman: Podman, name: str, url: str) -> None:
+    """Until the page answers over the published port and the log has said ``chat:``."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         state = podman("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
@@ -167,11 +168,14 @@ def wait_for_page(podman: Podman, name: str, url: str) -> None:
                 f"the container is {state}:\n{(logs.stdout + logs.stderr)[-3000:]}\n"
                 f"engine log:\n{engine_log(podman, name)}"
             )
+        # `up` prints `chat:` a moment after the page first answers (its first use is paid in
+        # between): wait for both, as a user reading the log would.
         try:
-            if httpx.get(url + "/", timeout=3).status_code == 200:
-                return
+            answered = httpx.get(url + "/", timeout=3).status_code == 200
         except httpx.HTTPError:
-            pass
+            answered = False
+        if answered and "chat: " in podman("logs", name, check=False).stdout:
+            return
         time.sleep(2)
     logs = podman("logs", name, check=False)
     raise AssertionError(f"no page at {url} within {READY_TIMEOUT_S} s:\n{(logs.stdout + logs.stderr)[-4000:]}")

@@ -60,7 +60,7 @@ def test_browser_types_and_sees_streamed_reply_with_footer(greedy_page: ChatPage
             expect(page.get_by_text("Demo model: random weights.")).to_be_visible(timeout=30_000)
             box.fill("Hello! What can you tell me about rivers?")
             box.press("Enter")
-            expect(page.get_by_text("Hello! What can you tell me about rivers?")).to_be_visible(timeout=10_000)
+            expect(page.get_by_text("Hello! What can you tell me about rivers?")).to_be_visible(timeout=60_000)
             footer = page.get_by_text(FOOTER).filter(has_text="· 32 tokens ·")  # the page's max_tokens here
             expect(footer).to_be_visible(timeout=120_000)
             expect(page.locator("#chat-submit")).to_be_visible(timeout=30_000)  # the task has ended

@@ -20,7 +20,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,7 +138,7 @@ def test_pp2_over_two_nodes_streams_through_the_head_and_ctrl_c_stops_both(tmp_p
         groups = [nodes.head.proc.pid, worker.proc.pid, status.engine_pid]  # type: ignore[union-attr]
         assert processes_under(nodes.worker_dir), "the worker's vLLM runs"
         assert nodes.head.stop(signal.SIGINT, timeout=DEADLINE_S) == 130, nodes.head.output()
-        assert worker.proc is not None and worker.proc.wait(DEADLINE_S) == 0, worker.output()
+        assert worker.wait(DEADLINE_S) == 0, worker.output()
         assert "the head is stopping; stopping this node's part" in worker.output()
         wait_until("every process group gone", lambda: all(group_gone(g) for g in groups))
         wait_until("nothing left in either run dir", lambda: not processes_under(nodes.head_dir, nodes.worker_dir))
@@ -210,7 +209,7 @@ def test_replicas_on_two_nodes_behind_the_router(tmp_path: Path) -> None:
 
         groups = [nodes.head.proc.pid, worker.proc.pid]  # type: ignore[union-attr]
         assert nodes.head.stop(signal.SIGINT, timeout=DEADLINE_S) == 130, nodes.head.output()
-        assert worker.proc is not None and worker.proc.wait(DEADLINE_S) == 0, worker.output()
+        assert worker.wait(DEADLINE_S) == 0, worker.output()
         wait_until("every process group gone", lambda: all(group_gone(g) for g in groups))
         wait_until("nothing left in either run dir", lambda: not processes_under(nodes.head_dir, nodes.worker_dir))
     finally:
@@ -229,8 +228,7 @@ def _unhealthy(router_port: int, url: str) -> bool:
 def test_a_node_that_never_joins_times_out_naming_it_and_its_command(tmp_path: Path) -> None:
     nodes = start_head(tmp_path, "--set", "pipeline_parallel_size=2", env={"ERNIECHAT_ENGINE__START_TIMEOUT_S": "5"})
     try:
-        assert nodes.head.proc is not None and nodes.head.proc.wait(DEADLINE_S) == 1
-        time.sleep(0.5)  # let the pump drain
+        assert nodes.head.wait(DEADLINE_S) == 1  # and every line it wrote read
         out = nodes.head.output()
         want = "node 1 did not join within 5 s (engine.start_timeout_s); on node 1 run: python -m backend serve "
         want += f"--node-rank 1 --head {nodes.join}"
@@ -251,8 +249,7 @@ def test_ports_in_use_are_named(tmp_path: Path, offset: int) -> None:
         argv += ["--set", "pipeline_parallel_size=2", "--engine-port", str(free_run(4))]
         argv += ["--master-addr", "127.0.0.1", "--master-port", str(master)]
         head = BackendProcess(argv, backend_env(tmp_path / "head")).start()
-        assert head.proc is not None and head.proc.wait(DEADLINE_S) == 1
-        time.sleep(0.5)
+        assert head.wait(DEADLINE_S) == 1
         assert f"error: port {master + offset} on 127.0.0.1 (" in head.output()
         assert "is already in use; stop what holds it or choose another with --master-port" in head.output()
 
@@ -270,9 +267,8 @@ def test_a_node_with_different_model_files_is_refused_and_both_say_so(tmp_path: 
     nodes = start_head(tmp_path, "--set", "pipeline_parallel_size=2")
     try:
         worker = start_worker(nodes, "--model", str(other))
-        assert worker.proc is not None and worker.proc.wait(DEADLINE_S) == 1
-        assert nodes.head.proc is not None and nodes.head.proc.wait(DEADLINE_S) == 1
-        time.sleep(0.5)
+        assert worker.wait(DEADLINE_S) == 1
+        assert nodes.head.wait(DEADLINE_S) == 1
         for out in (worker.output(), nodes.head.output()):
             assert "node 1 (127.0.0.1) has different files for the model 'demo' (fingerprint " in out, out
             assert "give every node the same checkpoint" in out

@@ -103,7 +103,7 @@ class ChatClient:
         return handle
 
     # -- connection ------------------------------------------------------------------------
-    async def connect(self, timeout: float = 30, wait_start: bool = True) -> ChatClient:
+    async def connect(self, timeout: float = 120, wait_start: bool = True) -> ChatClient:
         """Open the tab; with ``wait_start``, return once ``on_chat_start`` has finished."""
         await self.sio.connect(
             self.url,

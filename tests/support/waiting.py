@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 DEADLINE_S = 300.0
 """For anything that waits on an engine or the router: generous, a busy machine only slows it."""
@@ -19,6 +23,23 @@ def wait_until(what: str, check: Callable[[], object], timeout: float = DEADLINE
             return got
         time.sleep(poll)
     raise AssertionError(f"not within {timeout:.0f} s: {what}")
+
+
+async def until_async(
+    what: str,
+    read: Callable[[], Awaitable[T]],
+    done: Callable[[T], bool],
+    timeout: float = DEADLINE_S,
+    poll: float = 0.1,
+) -> T:
+    """The first value of ``await read()`` that ``done`` accepts; AssertionError naming ``what``
+    after ``timeout`` (a counter that never moves fails the test instead of hanging it)."""
+    deadline = time.monotonic() + timeout
+    while not done(got := await read()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f} s: {what} (last: {got})")
+        await asyncio.sleep(poll)
+    return got
 
 
 def group_gone(pgid: int) -> bool:
