@@ -14,6 +14,7 @@ from config.errors import PlanError
 ExecutorBackend = Literal["uni", "mp", "ray"]
 Device = Literal["cuda", "cpu"]
 DType = Literal["bfloat16", "float16", "float32"]
+GpuSharing = Literal["time-slice", "mps"]
 
 GIB = 1024**3
 
@@ -105,6 +106,10 @@ class Plan(BaseModel):
     engines_per_gpu: int = Field(default=1, ge=1, le=8)
     """vLLM servers sharing each GPU group (on a CPU plan: the CPU), each with its share of the
     memory, behind the router. 1: one server per group (replicas through vLLM's own front end)."""
+    gpu_sharing: GpuSharing = "time-slice"
+    """How engines sharing a GPU take turns on it: the driver's time-slicing, or NVIDIA's
+    Multi-Process Service (``mps``: a daemon of the user's own that ``serve`` starts and quits,
+    so both engines' kernels run at once; ``backend/runtime/mps.py``)."""
     stream_interval: int = Field(default=1, ge=1, le=64)
     """vLLM's ``--stream-interval``: tokens per streamed chunk (the page joins chunks anyway)."""
     page_processes: int = Field(default=1, ge=1, le=16)
@@ -220,6 +225,7 @@ PINNABLE = (
     "async_scheduling",
     "engine_core_nice",
     "engines_per_gpu",
+    "gpu_sharing",
     "stream_interval",
     "page_processes",
 )
@@ -282,6 +288,12 @@ def _cross_field_problems(plan: Plan) -> list[str]:
                 "device=cuda with cpu_kv_cache_space_gib: that sizes the CPU engine's KV cache; on GPUs it is "
                 "gpu_memory_utilization; drop cpu_kv_cache_space_gib"
             )
+    if plan.gpu_sharing == "mps" and (plan.device == "cpu" or plan.engines_per_gpu == 1):
+        out.append(
+            "gpu_sharing=mps: NVIDIA's Multi-Process Service is for several engines on one GPU, and this plan "
+            + ("runs on the CPU" if plan.device == "cpu" else "has one engine per GPU (engines_per_gpu=1)")
+            + "; valid: time-slice, or engines_per_gpu=2 on a GPU"
+        )
     if plan.max_model_len != plan.memory.max_model_len:
         out.append(
             f"max_model_len={plan.max_model_len} but memory.max_model_len={plan.memory.max_model_len}: the memory "

@@ -3,7 +3,7 @@
 # `vllm bench serve` against the project's plan (`serve`: its engines behind the router) and
 # against `vllm serve DIR` with vLLM's defaults, in the same call, REPEATS runs per level (levels
 # interleaved: 128, 256, 128, 256, ...). Every server gets one unmeasured level of 16 first.
-# VARIANT="name:flag flag ..." adds a second project plan (e.g. "3engines:--set engines_per_gpu=3"),
+# VARIANT="name:flag flag ..." adds a second project plan (e.g. "mps:--set gpu_sharing=mps"),
 # measured after the defaults; DEFAULTS=0 leaves `vllm serve` out (the plan against the variant).
 # If start-up stalls, every vLLM process's Python stack goes to diagnose.txt (py-spy).
 #   OUT=/tmp/r REPEATS=3 LEVELS="128 256" bash scripts/gpu-vs-defaults.sh [serve flags...]
@@ -17,8 +17,10 @@ project() {  # NAME serve-flags...: the project's plan as `serve` starts it, mea
   local name=$1; shift
   if start_backend "$RES/$name-serve.log" "^ready:" serve --model demo --users 256 "$@"; then
     $G status --json > "$RES/$name-status.json"
+    nvidia-smi > "$RES/$name-nvidia-smi.txt" 2>&1  # under MPS: its server holds the GPU, the engines are its clients
     vbench "$name" http://127.0.0.1:8000 demo $(levels "$REPEATS" "${LV[@]}")
   fi
+  cp -r /tmp/erniechat-run/mps-log "$RES/$name-mps-log" 2>/dev/null
   gpu_clean; save_results
 }
 

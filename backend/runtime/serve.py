@@ -31,6 +31,7 @@ from backend.runtime.cluster import Head
 from backend.runtime.display import DEMO_BANNER, Display
 from backend.runtime.engines import ENGINE_CORE_TITLE, Engine
 from backend.runtime.logwatch import Phase
+from backend.runtime.mps import MpsDaemon
 from backend.runtime.node_identity import core_share, head_ip, is_loopback, model_fingerprint, vllm_version
 from backend.runtime.process import EngineProcess, port_in_use
 from backend.runtime.resolve import ResolvedModel, resolve_model
@@ -75,6 +76,8 @@ class Server:
         self.status = EngineStatus(pid=os.getpid(), log_path=str(self.run_dir.log_path))
         self.engines: list[Engine] = []
         self.router: Router | None = None
+        self.mps: MpsDaemon | None = None
+        """The MPS daemon the engines share their GPU through (``gpu_sharing=mps``)."""
         self.planned: Planned | None = None
         self.resolved: ResolvedModel | None = None
         self.t0 = time.monotonic()
@@ -139,6 +142,8 @@ class Server:
         for note in self.planned.notes:
             self.say(f"note: {note}")
         self.run_dir.write_plan(plan)
+        if plan.gpu_sharing == "mps":
+            self.mps = MpsDaemon(self.run_dir.path)
         self.engines = self._engines(plan, self.resolved.path)
         self.status.log_path = str(self.engines[0].log_path)
         self.display.done()
@@ -153,6 +158,13 @@ class Server:
                 self.head.wait_for(e.start_timeout_s, lambda msg: self.update(detail=msg))
                 self.say(f"all {plan.nodes} nodes joined; starting the head's part of vLLM")
                 self.head.set_state("starting")
+            if self.mps:
+                self.mps.start()
+                self.say(
+                    f"gpu sharing: the {plan.engine_count} engines' kernels run at once through an MPS daemon "
+                    f"of your own (pipe {self.mps.pipe_dir})"
+                )
+                self.status.notes.append("the engines share each GPU through MPS (gpu_sharing=mps)")
             # One after another, each healthy and warmed before the next starts (BENCHMARKS.md, "Several
             # engines on one GPU"): with every engine started first and warmed after, the second
             # engine's first request never answered on an H200.
@@ -218,6 +230,8 @@ class Server:
             argv += e.extra_args
             if e.api_key:
                 env["VLLM_API_KEY"] = e.api_key
+            if self.mps:
+                env.update(self.mps.env)
             name, log = (f"engine {i}", self.run_dir.path / f"engine-{i}.log") if plan.routed else ("engine", None)
             if self.node_rank:
                 name = f"node {self.node_rank} {name}"
@@ -375,6 +389,8 @@ class Server:
     def _stop_engines(self) -> None:
         for engine in self.engines:
             engine.stop()
+        if self.mps:  # after its clients
+            self.mps.stop()
 
     def _open_join_point(self, plan: Plan) -> None:
         """The head's join point, and the exact line for every other node."""

@@ -92,6 +92,24 @@ def gpu_engines(
     return int(draft.set("engines_per_gpu", n, why))
 
 
+MPS_MEASURED = "unmeasured through `serve`"
+"""What is known of MPS with the plan's engines (BENCHMARKS.md, "Two processes on one GPU")."""
+
+
+def gpu_sharing(draft: Draft, engines: int) -> str:
+    """Set gpu_sharing: how the engines on one GPU take turns on it."""
+    if engines == 1:
+        return str(draft.set("gpu_sharing", "time-slice", "one engine per GPU: nothing to share"))
+    return str(
+        draft.set(
+            "gpu_sharing",
+            "time-slice",
+            f"the driver time-slices the GPU between the {engines} engines; NVIDIA's MPS ({MPS_MEASURED}) "
+            "runs their kernels at once: --set gpu_sharing=mps",
+        )
+    )
+
+
 def share_memory(draft: Draft, engines: int, smallest: GPUInfo, weights: int) -> int:
     """Each engine's gpu_memory_utilization when ``engines`` share a GPU; bytes usable per engine.
     Refuses a split whose share cannot hold the weights and the runtime."""
@@ -123,6 +141,7 @@ def cpu_engines(draft: Draft, hardware: Hardware, weights: int, kv_bytes: int) -
     """Set engines_per_gpu for a CPU plan: one (the CPU engine itself is the ceiling); pinned to
     more, each takes its own cores and KV cache, and all must fit in RAM."""
     n = int(draft.set("engines_per_gpu", 1, "one CPU engine: it keeps every core busy by itself"))
+    draft.set("gpu_sharing", "time-slice", "no GPU to share")
     node = hardware.node
     if n > node.cpu_cores:
         raise PlanError(f"engines_per_gpu={n}: each CPU engine needs a core of its own; valid: 1..{node.cpu_cores}")

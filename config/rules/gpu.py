@@ -10,7 +10,7 @@ from config.model import ModelSpec
 from config.plan import GIB, Memory
 from config.rules.batching import gpu_max_num_batched_tokens, gpu_max_num_seqs, prefill_chunk
 from config.rules.dtype import as_served, gpu_dtype
-from config.rules.engines import gpu_engines, share_memory
+from config.rules.engines import gpu_engines, gpu_sharing, share_memory
 from config.rules.frontend import gpu_frontend, page_processes
 from config.rules.memory import (
     CUDA_RUNTIME_RESERVE,
@@ -49,6 +49,7 @@ def plan_gpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
     )
     dp = choose_replicas(draft, hardware, tp, pp, gpn)
     engines = gpu_engines(draft, hardware, workload, weights_per_gpu(model, tp, pp), tp * pp, dp, smallest)
+    gpu_sharing(draft, engines)
     if engines > 1:
         usable = share_memory(draft, engines, smallest, weights_per_gpu(model, tp, pp))
 

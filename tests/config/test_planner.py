@@ -495,6 +495,18 @@ def test_a_memory_split_that_cannot_hold_the_model_is_refused_before_launch() ->
         plan("1xH200", pins={"engines_per_gpu": "2", "gpu_memory_utilization": "0.9"})
 
 
+def test_gpu_sharing_through_mps_only_where_engines_share_a_gpu() -> None:
+    p = plan("1xH200", users=256, pins={"gpu_sharing": "mps"})
+    assert p.engines_per_gpu == 2 and p.gpu_sharing == "mps" and "pinned" in p.reasons["gpu_sharing"]
+    assert "one engine per GPU" in plan("1xH200", users=16).reasons["gpu_sharing"]
+    with pytest.raises(PlanError, match=r"gpu_sharing=mps: .* one engine per GPU \(engines_per_gpu=1\); valid: time"):
+        plan("1xH200", users=16, pins={"gpu_sharing": "mps"})
+    with pytest.raises(PlanError, match=r"gpu_sharing=mps: .* runs on the CPU; valid: time-slice"):
+        plan("cpu-only", pins={"gpu_sharing": "mps"})
+    with pytest.raises(PlanError, match=r"gpu_sharing=spacetime: Input should be 'time-slice' or 'mps'"):
+        plan("1xH200", pins={"gpu_sharing": "spacetime"})
+
+
 def test_cpu_engines_take_cores_of_their_own_and_must_fit() -> None:
     hw = load_profile("cpu-only")
     p = plan("cpu-only", pins={"engines_per_gpu": "2", "cpu_kv_cache_space_gib": "1"})

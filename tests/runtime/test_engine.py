@@ -178,6 +178,18 @@ def test_failed_start_explains_and_leaves_no_process(tmp_path: Path, engine: Eng
     assert group_gone(status.engine_pid)
 
 
+def test_mps_sharing_without_its_daemon_fails_before_any_engine_starts(tmp_path: Path) -> None:
+    """A GPU plan of two engines under MPS on a host without NVIDIA's MPS control program (this one):
+    refused with the program's name and the fix, before vLLM is launched."""
+    args = ["serve", "--model", "demo", "--hardware", "1xH200", "--users", "256", "--set", "gpu_sharing=mps"]
+    proc = BackendProcess([*args, "--engine-port", str(free_port())], backend_env(tmp_path)).start()
+    assert proc.wait(120) == 1
+    assert "gpu_sharing=mps: nvidia-cuda-mps-control is not on PATH" in proc.output()
+    assert "--set gpu_sharing=time-slice" in proc.output()
+    status = read_status(tmp_path)
+    assert status is not None and status.state == "failed" and status.engine_pid is None
+
+
 @pytest.mark.parametrize(
     ("line", "what"),
     [
