@@ -17,9 +17,8 @@ import subprocess
 from pathlib import Path
 
 from backend.errors import EngineStartError
+from config.hardware.detection import MPS_CONTROL as CONTROL
 
-CONTROL = "nvidia-cuda-mps-control"
-"""The daemon's control program, installed with the NVIDIA driver's utilities."""
 CONTROL_TIMEOUT_S = 30.0
 
 

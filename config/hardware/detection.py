@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ from config.hardware.types import CPU_FLAGS_OF_INTEREST, GIB, GPUInfo, Hardware,
 
 _PROC_MEMINFO = Path("/proc/meminfo")
 _PROC_CPUINFO = Path("/proc/cpuinfo")
+MPS_CONTROL = "nvidia-cuda-mps-control"
+"""NVIDIA's Multi-Process Service control program, installed with the driver's utilities."""
 _SYS_NODES = Path("/sys/devices/system/node")
 _CGROUP_LIMITS = (
     Path("/sys/fs/cgroup/memory.max"),  # cgroup v2
@@ -38,6 +41,7 @@ def detect() -> Hardware:
         cpu_flags=cpu_flags(),
         gpus=gpus,
         nvlink_pairs=pairs,
+        mps=bool(gpus) and shutil.which(MPS_CONTROL) is not None,
     )
     return Hardware(name=f"this machine: {describe_node(node)}", source="detected", node=node)
 

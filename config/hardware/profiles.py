@@ -137,6 +137,12 @@ def _cpu_flags(value: Any) -> tuple[str, ...]:
     return tuple(sorted(set(value)))
 
 
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _bad("must be true or false")
+    return value
+
+
 def _table(written: str) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
         if not isinstance(value, dict):
@@ -208,6 +214,9 @@ class NodeTable(_Table):
     numa_nodes: Whole1 = 1
     cpu_flags: Annotated[tuple[str, ...], PlainValidator(_cpu_flags)] = ()
     gpus: Annotated[list[GPUTable], BeforeValidator(_tables("[[node.gpus]]"))] = []
+    mps: Annotated[bool | None, PlainValidator(_boolean)] = None
+    """NVIDIA's MPS control program is installed; absent: yes where there are GPUs (the Linux
+    driver's utilities bring it)."""
 
     def to_node(self) -> NodeInfo:
         gpus: list[GPUInfo] = []
@@ -224,6 +233,7 @@ class NodeTable(_Table):
             cpu_flags=self.cpu_flags,
             gpus=tuple(gpus),
             nvlink_pairs=frozenset(pairs),
+            mps=bool(gpus) if self.mps is None else self.mps,
         )
 
 

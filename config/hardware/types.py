@@ -49,6 +49,9 @@ class NodeInfo(BaseModel):
     gpus: tuple[GPUInfo, ...] = ()
     nvlink_pairs: frozenset[tuple[int, int]] = frozenset()
     """Pairs (i, j), i < j, of GPU indexes joined by NVLink."""
+    mps: bool = False
+    """NVIDIA's MPS control program (``nvidia-cuda-mps-control``) is here: engines that share a GPU
+    can run their kernels at once instead of taking turns."""
 
     def linked(self, a: int, b: int) -> bool:
         return (min(a, b), max(a, b)) in self.nvlink_pairs

@@ -8,7 +8,8 @@ engine 12-20k output tok/s; two engines of 0.42 of the memory each, behind one e
 31-33k with half the p99 TTFT; through ``serve`` and the router, against ``vllm serve`` defaults
 in the same device call (medians of 3 runs), 1.32x / 1.58x at 128 and 1.62x / 2.25x at 256
 concurrent in two calls on two hosts, with a quarter to a half of their p99 TTFT (2026-12-02). A
-big model keeps one engine per GPU group.
+big model keeps one engine per GPU group. Where NVIDIA's MPS is installed the engines run under it
+(``gpu_sharing``): 1.12-1.21x the time-sliced pair, and worth sharing from 64 users (2026-12-04).
 """
 
 from __future__ import annotations
@@ -37,16 +38,33 @@ takes the cores the first two's API servers used."""
 SHARED_UTILIZATION = 0.84
 """The GPU's memory share all engines on it take together (two engines: 0.42 each, measured)."""
 SHARED_MIN_USERS = 128
-"""Expected users from which engines share a GPU. Two engines on one H200 gave 1.32-1.58x and
-1.62-2.25x vLLM's defaults at 128 and 256 concurrent, but at 16 they gave 0.72x one engine direct (4.25k
-against 5.87k tok/s): two processes time-slice the GPU, and a light load gains nothing on the host."""
+"""Expected users from which engines share a GPU that the driver time-slices. Two engines on one H200
+gave 1.32-1.58x and 1.62-2.25x vLLM's defaults at 128 and 256 concurrent, but at 16 they gave 0.72x
+one engine direct (4.25k against 5.87k tok/s): two processes time-slice the GPU, and a light load
+gains nothing on the host."""
+SHARED_MIN_USERS_MPS = 64
+"""The same under MPS: two engines against one, same call, medians of 3 (2026-12-04): 0.85x at 16,
+0.91x at 32, 1.09x at 64 concurrent (p50 TTFT 0.6x)."""
 SHARED_MEASURED = (
     "measured on one H200, 16 cores: 1.32-1.58x / 1.62-2.25x `vllm serve` defaults' tokens/s at 128 / 256 "
     "concurrent (two device calls) "
     "with a quarter to a half of their p99 TTFT, but 0.72x one engine at 16, where two processes time-slicing "
     "the GPU cost more than the host side gains (BENCHMARKS.md)"
 )
-"""The figures behind both answers of :func:`gpu_engines` for a small model on a big GPU."""
+"""The figures behind both answers of :func:`gpu_engines` for a small model on a big GPU, time-sliced."""
+MPS_MEASURED = (
+    "measured on one H200, 16 cores, two engines under MPS: 1.12x / 1.21x / 1.14x the time-sliced pair's "
+    "tokens/s at 16 / 128 / 256 concurrent (each level's slowest MPS run above the fastest time-sliced one), "
+    "1.37x / 2.31x `vllm serve` defaults' at 128 / 256 with 0.2-0.7x their p99 TTFT, and against one engine "
+    "0.91x at 32, 1.09x at 64 (BENCHMARKS.md)"
+)
+"""The figures behind MPS: the sharing itself and the lower threshold of users."""
+
+
+def uses_mps(draft: Draft, hardware: Hardware) -> bool:
+    """Whether engines sharing a GPU would run under MPS: pinned, else where its program is installed."""
+    pinned = draft.pins.get("gpu_sharing")
+    return pinned == "mps" if pinned else hardware.node.mps
 
 
 def gpu_engines(
@@ -61,6 +79,8 @@ def gpu_engines(
     """Set engines_per_gpu for a GPU plan: two on a big GPU for a small model under heavy load
     when the host has the cores for them, else one."""
     cores = hardware.node.cpu_cores
+    mps = uses_mps(draft, hardware)
+    min_users, measured = (SHARED_MIN_USERS_MPS, MPS_MEASURED) if mps else (SHARED_MIN_USERS, SHARED_MEASURED)
     per_group_cores = cores // max(groups, 1)
     fit = min(MAX_ENGINES_PER_GPU, per_group_cores // CORES_PER_ENGINE)
     if world > 1:
@@ -76,36 +96,40 @@ def gpu_engines(
             1,
             f"one engine per GPU: {per_group_cores} host cores per GPU feed one engine ({CORES_PER_ENGINE} each)",
         )
-    elif workload.users < SHARED_MIN_USERS:
+    elif workload.users < min_users:
         n, why = (
             1,
-            f"one engine per GPU for {workload.users} users: {fit} would share it from {SHARED_MIN_USERS} users "
-            f"({SHARED_MEASURED})",
+            f"one engine per GPU for {workload.users} users: {fit} would share it from {min_users} users ({measured})",
         )
     else:
         n, why = (
             fit,
             f"{fit} engines per GPU: a {weights / GIB:.2g} GiB model leaves a big GPU mostly idle and one engine's "
             f"host side is the ceiling; {per_group_cores} cores feed {fit} ({CORES_PER_ENGINE} each); "
-            f"{SHARED_MEASURED}",
+            f"{measured}",
         )
     return int(draft.set("engines_per_gpu", n, why))
 
 
-MPS_MEASURED = "unmeasured through `serve`"
-"""What is known of MPS with the plan's engines (BENCHMARKS.md, "Two processes on one GPU")."""
-
-
-def gpu_sharing(draft: Draft, engines: int) -> str:
+def gpu_sharing(draft: Draft, hardware: Hardware, engines: int) -> str:
     """Set gpu_sharing: how the engines on one GPU take turns on it."""
     if engines == 1:
         return str(draft.set("gpu_sharing", "time-slice", "one engine per GPU: nothing to share"))
+    if hardware.node.mps:
+        return str(
+            draft.set(
+                "gpu_sharing",
+                "mps",
+                f"the {engines} engines' kernels run at once through NVIDIA's MPS (a daemon of your own that `serve` "
+                f"starts and quits) instead of taking turns; {MPS_MEASURED}",
+            )
+        )
     return str(
         draft.set(
             "gpu_sharing",
             "time-slice",
-            f"the driver time-slices the GPU between the {engines} engines; NVIDIA's MPS ({MPS_MEASURED}) "
-            "runs their kernels at once: --set gpu_sharing=mps",
+            f"the driver time-slices the GPU between the {engines} engines: nvidia-cuda-mps-control, which would "
+            f"run them at once, is not installed here ({MPS_MEASURED})",
         )
     )
 

@@ -49,7 +49,7 @@ def plan_gpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
     )
     dp = choose_replicas(draft, hardware, tp, pp, gpn)
     engines = gpu_engines(draft, hardware, workload, weights_per_gpu(model, tp, pp), tp * pp, dp, smallest)
-    gpu_sharing(draft, engines)
+    gpu_sharing(draft, hardware, engines)
     if engines > 1:
         usable = share_memory(draft, engines, smallest, weights_per_gpu(model, tp, pp))
 

@@ -139,6 +139,12 @@ def test_minimal_cpu_profile_with_defaults(tmp_path: Path) -> None:
     assert hw.node.memory_bytes == int(7.5 * GIB)
 
 
+def test_mps_is_assumed_with_gpus_unless_the_profile_says_not(tmp_path: Path) -> None:
+    assert load_profile("1xH200").node.mps and not load_profile("cpu-only").node.mps
+    without = load_profile(str(write(tmp_path, GOOD_NODE + "mps = false\n" + GPU))).node
+    assert without.gpus and not without.mps
+
+
 def test_nvlink_only_within_a_table(tmp_path: Path) -> None:
     text = """
 name = "two kinds"
@@ -205,6 +211,10 @@ ERRORS: dict[str, tuple[str, tuple[str, ...]]] = {
     "missing gpu name": (
         GOOD_NODE + '[[node.gpus]]\nmemory_gib = 24\ncompute_capability = "8.6"\n',
         ("missing required key 'node.gpus[0].name'",),
+    ),
+    "mps as string": (
+        GOOD_NODE + 'mps = "yes"\n' + GPU,
+        ("node.mps = 'yes'", "must be true or false"),
     ),
     "cores as string": (
         '[node]\ncpu_cores = "8"\nmemory_gib = 32\n',

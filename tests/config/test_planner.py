@@ -481,8 +481,11 @@ def test_engines_per_gpu_default_two_on_a_big_gpu_for_a_small_model_under_load_o
     assert p.engines_per_gpu == 2 and p.routed and p.gpu_memory_utilization == 0.42
     assert "measured" in p.reasons["engines_per_gpu"].lower()
     assert plan("1xH200", users=128).engines_per_gpu == 2
-    few = plan("1xH200", users=16)
-    assert few.engines_per_gpu == 1 and not few.routed and "from 128 users" in few.reasons["engines_per_gpu"]
+    few = plan("1xH200", users=32)
+    assert few.engines_per_gpu == 1 and not few.routed and "from 64 users" in few.reasons["engines_per_gpu"]
+    assert plan("1xH200", users=64).engines_per_gpu == 2  # under MPS (the profile's GPUs have it)
+    sliced = plan("1xH200", users=64, pins={"gpu_sharing": "time-slice"})
+    assert sliced.engines_per_gpu == 1 and "from 128 users" in sliced.reasons["engines_per_gpu"]
     assert "one engine per GPU" in plan("1xT4").reasons["engines_per_gpu"]
     assert plan("1xH200", "llama-3.1-8b").engines_per_gpu == 1  # 15 GiB of weights keep the GPU busy
     assert plan("2xH200-nvlink", users=256, pins={"tensor_parallel_size": "2"}).engines_per_gpu == 1
@@ -495,9 +498,15 @@ def test_a_memory_split_that_cannot_hold_the_model_is_refused_before_launch() ->
         plan("1xH200", pins={"engines_per_gpu": "2", "gpu_memory_utilization": "0.9"})
 
 
-def test_gpu_sharing_through_mps_only_where_engines_share_a_gpu() -> None:
-    p = plan("1xH200", users=256, pins={"gpu_sharing": "mps"})
-    assert p.engines_per_gpu == 2 and p.gpu_sharing == "mps" and "pinned" in p.reasons["gpu_sharing"]
+def test_gpu_sharing_through_mps_where_engines_share_a_gpu_and_its_program_is_installed() -> None:
+    p = plan("1xH200", users=256)
+    assert p.engines_per_gpu == 2 and p.gpu_sharing == "mps" and "1.21x" in p.reasons["gpu_sharing"]
+    hw = load_profile("1xH200")
+    bare = hw.model_copy(update={"node": hw.node.model_copy(update={"mps": False})})
+    sliced = make_plan(bare, model(ERNIE), WorkloadSettings(users=256))
+    assert sliced.engines_per_gpu == 2 and sliced.gpu_sharing == "time-slice"
+    assert "nvidia-cuda-mps-control" in sliced.reasons["gpu_sharing"]
+    assert make_plan(bare, model(ERNIE), WorkloadSettings(users=64)).engines_per_gpu == 1
     assert "one engine per GPU" in plan("1xH200", users=16).reasons["gpu_sharing"]
     with pytest.raises(PlanError, match=r"gpu_sharing=mps: .* one engine per GPU \(engines_per_gpu=1\); valid: time"):
         plan("1xH200", users=16, pins={"gpu_sharing": "mps"})

@@ -56,11 +56,14 @@ def test_gpu_candidates_cover_every_split_the_planner_accepts() -> None:
     assert any(c.values["async_scheduling"] for c in found)
 
 
-def test_gpu_candidates_vary_engines_per_gpu_and_the_stream_interval() -> None:
+def test_gpu_candidates_vary_engines_per_gpu_mps_and_the_stream_interval() -> None:
     found, _ = candidates("1xH200", users=256)
     assert found[0].values["engines_per_gpu"] == 2 and found[0].values["stream_interval"] == 16
     one = next(c for c in found if c.changes == ("engines",))
     assert one.values["engines_per_gpu"] == 1 and one.pins == {"engines_per_gpu": 1} and not one.plan.routed
+    assert found[0].values["gpu_sharing"] == "mps"
+    sliced = next(c for c in found if c.changes == ("sharing",))
+    assert sliced.pins == {"gpu_sharing": "time-slice"} and sliced.plan.engines_per_gpu == 2
     every = next(c for c in found if c.changes == ("stream",))
     assert every.values["stream_interval"] == 1 and every.name == "stream interval 1"
     api = found[0].values["api_server_count"]

@@ -31,6 +31,7 @@ TUNED_KEYS = (
     "max_num_batched_tokens",
     "async_scheduling",
     "engines_per_gpu",
+    "gpu_sharing",
     "stream_interval",
     "api_server_count",
 )
@@ -38,9 +39,31 @@ SPLIT_KEYS = TUNED_KEYS[:3]
 
 # Which single change to try first, per objective (after other parallel splits).
 CHANGE_ORDER = {
-    "throughput": ("split", "engines", "api x2", "seqs x2", "batch x2", "async", "stream", "api /2", "seqs /2"),
-    "balanced": ("split", "engines", "api x2", "seqs x2", "seqs /2", "batch x2", "async", "stream", "api /2"),
-    "latency": ("split", "seqs /2", "engines", "api x2", "batch x2", "async", "stream", "api /2", "seqs x2"),
+    "throughput": (
+        "split",
+        "engines",
+        "api x2",
+        "seqs x2",
+        "batch x2",
+        "async",
+        "sharing",
+        "stream",
+        "api /2",
+        "seqs /2",
+    ),
+    "balanced": (
+        "split",
+        "engines",
+        "api x2",
+        "seqs x2",
+        "seqs /2",
+        "batch x2",
+        "async",
+        "sharing",
+        "stream",
+        "api /2",
+    ),
+    "latency": ("split", "seqs /2", "engines", "api x2", "batch x2", "async", "sharing", "stream", "api /2", "seqs x2"),
 }
 Knob = tuple[str, tuple[tuple[Any, str, str], ...]]
 """A plan key and its alternatives to the split's own value: (value, change name, label)."""
@@ -56,7 +79,7 @@ class Candidate:
     plan: Plan
     changes: tuple[str, ...] = ()
     """What differs from the default: 'split', 'seqs /2', 'seqs x2', 'batch x2', 'async', 'engines',
-    'api x2', 'api /2', 'stream'."""
+    'api x2', 'api /2', 'stream', 'sharing'."""
     base: dict[str, int] = field(default_factory=dict)
     """The planner's own values for this candidate's split (what 'x2' and '/2' are of)."""
 
@@ -156,7 +179,7 @@ def enumerate_candidates(
 
 def _knobs(base_plan: Plan, *, gpu: bool) -> list[Knob]:
     """What ``tune`` varies around one split's plan. GPU only: async scheduling (the planner
-    leaves it off and says `tune` measures it), engines per GPU, API servers per engine (the
+    leaves it off and says `tune` measures it), engines per GPU, MPS against time-slicing, API servers per engine (the
     planner's count, halved and doubled: 3 to 4 per engine gave 1.08-1.14x on one H200) and the
     stream interval."""
     seqs, batch = base_plan.max_num_seqs, base_plan.max_num_batched_tokens
@@ -170,6 +193,8 @@ def _knobs(base_plan: Plan, *, gpu: bool) -> list[Knob]:
             knobs.append(("async_scheduling", ((True, "async", "async scheduling"),)))
         engines = 2 if base_plan.engines_per_gpu == 1 else 1
         knobs.append(("engines_per_gpu", ((engines, "engines", f"{engines} engines per GPU"),)))
+        if base_plan.gpu_sharing == "mps":  # the other way needs MPS on the host, which the plan then had chosen
+            knobs.append(("gpu_sharing", (("time-slice", "sharing", "GPU time-sliced, no MPS"),)))
         api = base_plan.api_server_count
         apis = [(api * 2, "api x2", f"{api * 2} API servers")]
         if api > 1:
