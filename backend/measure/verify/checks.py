@@ -293,7 +293,8 @@ def check_jitter(timings: Sequence[PromptTiming], path: str) -> Check:
     if resent := sum(t.resent for t in timings):
         note += f"; {resent} resent under a fresh nonce (a reply with no visible text)"
     result: Result = "pass" if jitter < JITTER_MAX_S else "fail"
-    return Check("TTFT jitter", result, f"{jitter * 1000:.0f} ms", threshold, note, round(jitter, 4))
+    value = round(jitter, 4)  # what is shown comes from the value kept, so the two never disagree by a rounding
+    return Check("TTFT jitter", result, f"{value * 1000:.0f} ms", threshold, note, value)
 
 
 def check_utilisation(load: dict[int, list[float]], one_at_a_time: dict[int, list[float]] | None = None) -> Check:
