@@ -199,7 +199,8 @@ class Plan(BaseModel):
             if not each:
                 return f"{self.node_summary()} behind the router"
             return f"{self.node_summary()}{each}, {self.total_engines} behind the router"
-        return f"{self.node_summary()}{each}, {self.total_engines} engines behind the router"
+        shared = " under MPS" if self.gpu_sharing == "mps" else ""
+        return f"{self.node_summary()}{each}, {self.total_engines} engines{shared} behind the router"
 
     def as_json(self) -> dict[str, Any]:
         data = self.model_dump(mode="json")

@@ -501,6 +501,7 @@ def test_a_memory_split_that_cannot_hold_the_model_is_refused_before_launch() ->
 def test_gpu_sharing_through_mps_where_engines_share_a_gpu_and_its_program_is_installed() -> None:
     p = plan("1xH200", users=256)
     assert p.engines_per_gpu == 2 and p.gpu_sharing == "mps" and "1.21x" in p.reasons["gpu_sharing"]
+    assert p.summary() == "TP=1, PP=1, 1 replica on 1 GPU, 2 engines under MPS behind the router"
     hw = load_profile("1xH200")
     bare = hw.model_copy(update={"node": hw.node.model_copy(update={"mps": False})})
     sliced = make_plan(bare, model(ERNIE), WorkloadSettings(users=256))
