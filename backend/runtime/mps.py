@@ -1,8 +1,9 @@
 """NVIDIA's Multi-Process Service for engines that share a GPU (the plan's ``gpu_sharing=mps``).
 
 Two processes on one GPU are time-sliced by the driver: while one runs kernels the other's wait.
-Under MPS both processes' kernels run on the GPU at once (BENCHMARKS.md, "Two processes on one
-GPU": 1.35x the time-sliced pair when both are GPU-bound). ``serve`` runs the control daemon as
+Under MPS both processes' kernels run on the GPU at once: the plan's two engines on one H200 gave
+1.12-1.21x the time-sliced pair's tokens/s at 16-256 concurrent (BENCHMARKS.md, "The plan's engines
+under MPS"). ``serve`` runs the control daemon as
 the user, with its own pipe and log directories in the run dir, so no system-wide daemon is
 touched and the GPU's compute mode stays as it is; it points the engines at it and quits it
 after they stop.
