@@ -46,9 +46,16 @@ class MpsDaemon:
         # The daemon sees every GPU, so an engine's CUDA_VISIBLE_DEVICES (host indexes) means the same
         # GPUs through it as without it.
         env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"} | self.env
-        return subprocess.run(
-            [binary, *args], input=command, env=env, capture_output=True, text=True, timeout=CONTROL_TIMEOUT_S
-        )
+        try:
+            return subprocess.run(
+                [binary, *args], input=command, env=env, capture_output=True, text=True, timeout=CONTROL_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired:
+            what = " ".join(args) or (command or "").strip()
+            raise EngineStartError(
+                f"gpu_sharing=mps: {CONTROL} {what} did not answer within {CONTROL_TIMEOUT_S:.0f} s; "
+                f"see {self.log_dir / 'control.log'}, or plan with --set gpu_sharing=time-slice"
+            ) from None
 
     def start(self) -> None:
         """Start the daemon (quitting one a killed ``serve`` left at the same pipe first)."""
@@ -70,5 +77,5 @@ class MpsDaemon:
         if not self.running:
             return
         self.running = False
-        with contextlib.suppress(subprocess.TimeoutExpired, EngineStartError):
+        with contextlib.suppress(EngineStartError):
             self._control(command="quit\n")

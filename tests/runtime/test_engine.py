@@ -22,7 +22,9 @@ import pytest
 from support.services import ROOT, BackendProcess, Engine, backend_env
 
 from backend.engine_api import KINDS, ChatResult, chat, fetch_metrics, total
+from backend.errors import EngineStartError
 from backend.measure.prompts import prompt_of
+from backend.runtime import mps
 from backend.runtime.logwatch import FATALS, LogState
 from backend.runtime.process import free_port, group_processes
 from backend.runtime.serve import ENGINE_CORE_TITLE
@@ -188,6 +190,22 @@ def test_mps_sharing_without_its_daemon_fails_before_any_engine_starts(tmp_path:
     assert "--set gpu_sharing=time-slice" in proc.output()
     status = read_status(tmp_path)
     assert status is not None and status.state == "failed" and status.engine_pid is None
+
+
+def test_an_mps_daemon_that_never_answers_is_a_start_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A control program that hangs (a fault this machine, with no such program, cannot cause for
+    real: a stand-in that sleeps) ends the start with a named error, not a traceback."""
+    stand_in = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    stand_in.parent.mkdir()
+    stand_in.write_text("#!/bin/sh\nexec sleep 30\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stand_in.parent}:{os.environ['PATH']}")
+    monkeypatch.setattr(mps, "CONTROL_TIMEOUT_S", 0.5)
+    daemon = mps.MpsDaemon(tmp_path / "run")
+    with pytest.raises(EngineStartError, match=r"gpu_sharing=mps: nvidia-cuda-mps-control -d did not answer within"):
+        daemon.start()
+    assert not daemon.running
+    daemon.stop()  # nothing to quit
 
 
 @pytest.mark.parametrize(
