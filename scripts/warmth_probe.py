@@ -51,6 +51,7 @@ async def _passes(base_url: str, model: str, kinds: list[Kind], log: TextIO) -> 
             row = {"phase": phase, "kind": kind.name, "t": round(t, 3), "ttft_ms": round((res.ttft_s or 0) * 1e3, 2)}
             row["total_ms"] = round((res.total_s or 0) * 1e3, 2)
             log.write(json.dumps(row) + "\n")
+            log.flush()  # a device call cut at its limit keeps every request sent
 
         for phase in ("first", "again"):
             for kind in kinds:
