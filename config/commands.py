@@ -98,8 +98,8 @@ def engine_flags(plan: Plan) -> list[str]:
             argv += ["--data-parallel-size", str(plan.data_parallel_size)]
         if plan.api_server_count > 1:
             argv += ["--api-server-count", str(plan.api_server_count)]
-        if plan.async_scheduling:
-            argv += ["--async-scheduling"]
+        # vLLM decides by itself when neither is given (on, with uni and mp): the plan says which
+        argv += ["--async-scheduling" if plan.async_scheduling else "--no-async-scheduling"]
     else:
         if plan.split_across_nodes:
             argv += ["--pipeline-parallel-size", str(plan.pipeline_parallel_size)]

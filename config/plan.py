@@ -101,6 +101,8 @@ class Plan(BaseModel):
     dtype: DType
     api_server_count: int = Field(default=1, ge=1)
     async_scheduling: bool = False
+    """GPU engines are always told (``--async-scheduling`` or ``--no-async-scheduling``): left alone,
+    vLLM 0.24 turns it on by itself. The CPU engine forces it off."""
     engine_core_nice: int = Field(default=0, ge=0, le=19)
     """Niceness given to vLLM's engine-core (scheduler) process once it is up; 0 leaves it alone."""
     engines_per_gpu: int = Field(default=1, ge=1, le=8)

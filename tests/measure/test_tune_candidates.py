@@ -53,7 +53,9 @@ def test_gpu_candidates_cover_every_split_the_planner_accepts() -> None:
         # Each candidate is exactly what the planner makes of its pins.
         again = make_plan(load_profile("2xH200-nvlink"), read_model(ERNIE), WorkloadSettings(), c.pins)
         assert again.model_dump() == c.plan.model_dump()
-    assert any(c.values["async_scheduling"] for c in found)
+    assert found[0].values["async_scheduling"], "on, as vLLM itself does with these executors"
+    off = [c for c in found if not c.values["async_scheduling"]]
+    assert off and all(c.pins.get("async_scheduling") is False for c in off), "tune measures it off"
 
 
 def test_gpu_candidates_vary_engines_per_gpu_mps_and_the_stream_interval() -> None:

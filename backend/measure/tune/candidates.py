@@ -2,8 +2,8 @@
 
 Candidates come from the planner's own rules: every parallel split (TP x PP x replicas) that
 uses the GPUs the default uses, crossed with max_num_seqs (the planner's value for that split,
-half, double) and max_num_batched_tokens (the planner's, double), and on a GPU with async
-scheduling, engines per GPU (one or two behind the router), API servers per engine (half,
+half, double) and max_num_batched_tokens (the planner's, double), and on a GPU async
+scheduling (on or off), engines per GPU (one or two behind the router), API servers per engine (half,
 double) and the stream interval (1 or 16): the knobs that moved tokens/s on one H200.
 ``make_plan`` with those pins decides which are valid. The planner's default plan is always
 first. Changes that cannot matter at the target load (max_num_seqs above the concurrency
@@ -178,10 +178,10 @@ def enumerate_candidates(
 
 
 def _knobs(base_plan: Plan, *, gpu: bool) -> list[Knob]:
-    """What ``tune`` varies around one split's plan. GPU only: async scheduling (the planner
-    leaves it off and says `tune` measures it), engines per GPU, MPS against time-slicing, API servers per engine (the
-    planner's count, halved and doubled: 3 to 4 per engine gave 1.08-1.14x on one H200) and the
-    stream interval."""
+    """What ``tune`` varies around one split's plan. GPU only: async scheduling off (the planner
+    turns it on, as vLLM does by itself, and says `tune` measures it off), engines per GPU, MPS
+    against time-slicing, API servers per engine (the planner's count, halved and doubled: 3 to 4
+    per engine gave 1.08-1.14x on one H200) and the stream interval."""
     seqs, batch = base_plan.max_num_seqs, base_plan.max_num_batched_tokens
     half = max(1, seqs // 2)
     knobs: list[Knob] = [
@@ -189,8 +189,8 @@ def _knobs(base_plan: Plan, *, gpu: bool) -> list[Knob]:
         ("max_num_batched_tokens", ((batch * 2, "batch x2", f"batch {batch * 2}"),)),
     ]
     if gpu:
-        if not base_plan.async_scheduling:
-            knobs.append(("async_scheduling", ((True, "async", "async scheduling"),)))
+        if base_plan.async_scheduling:
+            knobs.append(("async_scheduling", ((False, "async", "async scheduling off"),)))
         engines = 2 if base_plan.engines_per_gpu == 1 else 1
         knobs.append(("engines_per_gpu", ((engines, "engines", f"{engines} engines per GPU"),)))
         if base_plan.gpu_sharing == "mps":  # the other way needs MPS on the host, which the plan then had chosen
