@@ -19,11 +19,9 @@ STAMP=/tmp/erniechat-idle-since
 
 probe() {  # DIR: the warmth probe's passes against the running serve
   local url; url=$(grep -m1 "^ready:" /tmp/erniechat-idle-serve.log | awk '{print $2}')
-  PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/warmth_probe.py run "$url" demo "$1" --order sampled 2>&1 | tail -5
+  warmth_probe run "$url" demo "$1" --order sampled 2>&1 | tail -5
   date +%s > "$STAMP"
 }
-
-summary() { PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/warmth_probe.py summary "$@"; }
 
 case $mode in
   start)
@@ -33,12 +31,11 @@ case $mode in
     if ! wait_for_line /tmp/erniechat-idle-serve.log "^ready:" 100 480; then
       cp /tmp/erniechat-idle-serve.log "$RES/serve.log"; gpu_clean; save_results; exit 1
     fi
-    setsid nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,pstate,power.draw,utilization.gpu \
-      --format=csv,noheader,nounits -l 1 > /tmp/erniechat-idle-clocks.csv 2>&1 < /dev/null &
+    setsid nvidia-smi "${CLOCK_QUERY[@]}" -l 1 > /tmp/erniechat-idle-clocks.csv 2>&1 < /dev/null &
     probe "$RES/after-ready"
     grep -h "^plan:\|^ready:\|^warm-up:" /tmp/erniechat-idle-serve.log | cut -c1-300
     cp /tmp/erniechat-idle-clocks.csv "$RES/after-ready/gpu-clocks.csv"
-    summary "$RES/after-ready"
+    warmth_probe summary "$RES/after-ready"
     save_results
     echo "idle since $(date -u -d @"$(cat "$STAMP")" +%T); call B: IDLE_S=540 bash scripts/gpu-idle.sh probe"
     ;;
@@ -52,7 +49,7 @@ case $mode in
     pkill -f "nvidia-smi --query-gpu=timestamp" 2>/dev/null
     cp /tmp/erniechat-idle-clocks.csv "$RES/after-idle/gpu-clocks.csv"
     cp /tmp/erniechat-idle-serve.log "$RES/serve.log"
-    summary "$RES/after-idle"
+    warmth_probe summary "$RES/after-idle"
     gpu_clean; save_results
     ;;
   *) echo "usage: gpu-idle.sh start|probe"; exit 2 ;;

@@ -14,6 +14,13 @@ mkdir -p "$OUT" "$RES"
 
 save_results() { tar -czf "$OUT/results.tar.gz" -C "$RES" . 2>/dev/null; }
 
+# nvidia-smi's flags for a CSV of the GPU's clocks, power and use (read only); add -lms N or -l N
+CLOCK_QUERY=(--query-gpu=timestamp,clocks.sm,clocks.mem,pstate,power.draw,utilization.gpu --format=csv,noheader,nounits)
+
+warmth_probe() {  # run URL MODEL DIR --order O | summary DIR...: scripts/warmth_probe.py, the repo importable
+  PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/warmth_probe.py "$@"
+}
+
 gpu_clean() {  # serve's engines run in their own session: a call's end does not reach them
   pkill -INT -f "python3 -m backend (serve|up)" 2>/dev/null && sleep 6
   nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9 2>/dev/null

@@ -17,10 +17,9 @@ for order in ${ORDERS:-sampled greedy sampled}; do
   dir="$RES/start-$n-$order"; mkdir -p "$dir"
   start_backend "$dir/serve.log" "^ready:" serve --model demo --users 64 "$@" || break
   url=$(grep -m1 "^ready:" "$dir/serve.log" | awk '{print $2}')
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,pstate,power.draw,utilization.gpu \
-    --format=csv,noheader,nounits -lms 50 > "$dir/gpu-clocks.csv" 2>&1 &
+  nvidia-smi "${CLOCK_QUERY[@]}" -lms 50 > "$dir/gpu-clocks.csv" 2>&1 &
   smi=$!
-  PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/warmth_probe.py run "$url" demo "$dir" --order "$order" 2>&1 | tail -5
+  warmth_probe run "$url" demo "$dir" --order "$order" 2>&1 | tail -5
   kill "$smi"
   cp /tmp/erniechat-run/status.json "$dir/" 2>/dev/null
   gpu_clean

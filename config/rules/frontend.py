@@ -67,7 +67,7 @@ def gpu_frontend(
         if interval > 1
         else "every token as it comes: a big model's tokens are slow enough to send one by one",
     )
-    backend = draft.values.get("distributed_executor_backend", "uni")
+    backend = draft.values["distributed_executor_backend"]  # set by the parallel rules before this one
     if backend in ASYNC_EXECUTORS:
         draft.set(
             "async_scheduling",
