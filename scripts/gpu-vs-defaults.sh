@@ -4,8 +4,12 @@
 # against `vllm serve DIR` with vLLM's defaults, in the same call, REPEATS runs per level (levels
 # interleaved: 128, 256, 128, 256, ...). Every server gets one unmeasured level of 16 first.
 # VARIANT="name:flag flag ..." adds a second project plan (e.g. "mps:--set gpu_sharing=mps"),
-# measured after the defaults; DEFAULTS=0 leaves `vllm serve` out (the plan against the variant).
+# measured after the defaults; DEFAULTS=0 leaves `vllm serve` out (the plan against the variant),
+# PROJECT=0 the plan.
 # If start-up stalls, every vLLM process's Python stack goes to diagnose.txt (py-spy).
+# PROFILE=1: after each server's levels, 6 more runs of each level while `top` samples every
+# process's CPU, py-spy records each engine core (raw stacks: NAME-cC-pyspy-*.txt) and nvidia-smi
+# the GPU's use.
 #   OUT=/tmp/r REPEATS=3 LEVELS="128 256" bash scripts/gpu-vs-defaults.sh [serve flags...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,18 +23,44 @@ project() {  # NAME serve-flags...: the project's plan as `serve` starts it, mea
     $G status --json > "$RES/$name-status.json"
     nvidia-smi > "$RES/$name-nvidia-smi.txt" 2>&1  # under MPS: its server holds the GPU, the engines are its clients
     vbench "$name" http://127.0.0.1:8000 demo $(levels "$REPEATS" "${LV[@]}")
+    [ "${PROFILE:-0}" = 1 ] && profile "$name" http://127.0.0.1:8000 demo
   fi
   cp -r /tmp/erniechat-run/mps-log "$RES/$name-mps-log" 2>/dev/null
   gpu_clean; save_results
 }
 
+profile() {  # NAME URL SERVED: where the time goes at each measured level (6 runs each; the client
+  # imports vLLM first, 10-25 s, so the sampling starts once run p1 is done): every process's CPU
+  # (top), each engine core's Python stacks (py-spy, raw), the GPU's use every 100 ms (nvidia-smi)
+  local name=$1 url=$2 served=$3 c pid i pids
+  for c in "${LV[@]}"; do
+    pids=()
+    vbench "$name-prof" "$url" "$served" "$c:p1" "$c:p2" "$c:p3" "$c:p4" "$c:p5" "$c:p6" &
+    pids+=($!)
+    for _ in $(seq 120); do grep -q "^$name-prof *c= *$c run p1:" "$RES/summary.txt" 2>/dev/null && break; sleep 0.5; done
+    ps -eo pid,nlwp,args | grep -E "VLLM|vllm|router" | grep -v grep | cut -c1-200 > "$RES/$name-c$c-procs.txt"
+    i=0
+    for pid in $(pgrep -f "EngineCore|VLLM::Worker"); do
+      i=$((i + 1))
+      timeout 20 py-spy record --pid "$pid" --duration 6 --rate 200 --nonblocking --format raw \
+        --output "$RES/$name-c$c-pyspy-$i.txt" > "$RES/$name-c$c-pyspy-$i.log" 2>&1 &
+      pids+=($!)
+    done
+    timeout 6 nvidia-smi "${CLOCK_QUERY[@]}" -lms 100 > "$RES/$name-c$c-gpu.csv" 2>&1 &
+    pids+=($!)
+    top -b -d 1 -n 6 -w 250 -c > "$RES/$name-c$c-top.txt" 2>&1
+    wait "${pids[@]}"  # not serve's own job
+  done
+}
+
 gpu_begin
 echo "host: $(nproc) cores; $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader)"
-project project "$@"
+[ "${PROJECT:-1}" != 0 ] && project project "$@"
 if [ "${DEFAULTS:-1}" != 0 ]; then
   python3 -m vllm.entrypoints.cli.main serve "$DIR" --port 8100 > "$RES/defaults-server.log" 2>&1 &
   if wait_health http://127.0.0.1:8100; then
     vbench defaults http://127.0.0.1:8100 "$DIR" $(levels "$REPEATS" "${LV[@]}")
+    [ "${PROFILE:-0}" = 1 ] && profile defaults http://127.0.0.1:8100 "$DIR"
   else echo "defaults: not healthy"; tail -20 "$RES/defaults-server.log"; fi
   gpu_clean; save_results
 fi

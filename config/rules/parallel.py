@@ -367,7 +367,8 @@ def choose_replicas(draft: Draft, hardware: Hardware, tp: int, pp: int, gpn: int
         MULTI_NODE_EXECUTOR
         if split
         else {
-            "uni": "one GPU per engine: no worker processes needed",
+            "uni": "one GPU per engine: no worker process needed (the mp executor at TP=1 measured 1.01x / 1.02x "
+            "the tokens/s at 128 / 256 concurrent on one H200 for two more busy cores per engine)",
             "mp": "one node: Python multiprocessing is vLLM's default and right here; Ray adds nothing",
         }[backend],
     )
