@@ -20,7 +20,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from config.plan import GIB, Command, Plan
+from config.errors import SettingsError
+from config.plan import GIB, PINNABLE, Command, Plan
 
 MASTER_PORT = 29501
 """vLLM's default ``--master-port`` (torch.distributed's rendezvous, on the head node)."""
@@ -50,6 +51,37 @@ def engine_port(port: int, engine: int) -> int:
 def router_metrics_port(plan: Plan, port: int) -> int:
     """The router's own Prometheus port: the one after the last engine's."""
     return engine_port(port, plan.engine_count)
+
+
+SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size"}
+"""vLLM's short names for flags the plan sets (``vllm serve --help``)."""
+
+
+def _flag(token: str) -> str:
+    """A vLLM flag's one spelling: long, dashes (vLLM takes ``--max_num_seqs`` too), ``--no-X`` as ``--X``."""
+    name = token.split("=", 1)[0]
+    name = SHORT_FLAGS.get(name, name)
+    if not name.startswith("--"):
+        return name
+    name = "--" + name[2:].replace("_", "-")
+    return "--" + name[5:] if name.startswith("--no-") else name
+
+
+def check_extra_args(planned: list[str], extra: list[str]) -> None:
+    """Refuse ``engine.extra_args`` that repeat a flag the plan or ``serve`` already passes: vLLM
+    takes the last of the two, so the plan shown, and its reasons, would not be what runs."""
+    have = {_flag(t) for t in planned if t.startswith("--")}
+    clashes = []
+    for token in extra:
+        if token.startswith("-") and _flag(token) in have:
+            key = _flag(token)[2:].replace("-", "_")
+            fix = f"pin it with --set {key}=VALUE" if key in PINNABLE else "serve sets it from the plan and settings"
+            clashes.append(f"{token.split('=', 1)[0]} ({fix})")
+    if clashes:
+        raise SettingsError(
+            f"engine.extra_args repeats what the plan already passes to vLLM: {'; '.join(clashes)}; "
+            "extra_args is for flags the plan does not set"
+        )
 
 
 def engine_argv(plan: Plan, *, python: str, model_path: str, host: str, port: int) -> list[str]:

@@ -63,7 +63,7 @@ class EngineSettings(_Section):
     pins: dict[str, Any] = Field(default_factory=dict)
     """Plan values the user fixes (``--set tensor_parallel_size=2``); checked before start."""
     extra_args: list[str] = Field(default_factory=list)
-    """Passed to vLLM verbatim, after the planned arguments."""
+    """Passed to vLLM verbatim, after the planned arguments; a flag the plan passes is refused (pin it instead)."""
 
 
 class WorkloadSettings(_Section):

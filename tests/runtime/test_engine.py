@@ -180,6 +180,18 @@ def test_failed_start_explains_and_leaves_no_process(tmp_path: Path, engine: Eng
     assert group_gone(status.engine_pid)
 
 
+def test_extra_args_that_repeat_a_planned_flag_fail_before_any_engine_starts(tmp_path: Path) -> None:
+    """``engine.extra_args`` naming a flag the plan passes (vLLM would take the later one): bad input,
+    refused with the pin to use instead, and no vLLM launched."""
+    env = backend_env(tmp_path, ERNIECHAT_ENGINE__EXTRA_ARGS='["--max-num-seqs", "8"]')
+    proc = BackendProcess(["serve", "--model", "demo", "--engine-port", str(free_port())], env).start()
+    assert proc.wait(120) == 2
+    assert "engine.extra_args repeats what the plan already passes to vLLM: --max-num-seqs" in proc.output()
+    assert "--set max_num_seqs=VALUE" in proc.output()
+    status = read_status(tmp_path)
+    assert status is not None and status.engine_pid is None
+
+
 def test_mps_sharing_without_its_daemon_fails_before_any_engine_starts(tmp_path: Path) -> None:
     """A GPU plan of two engines under MPS on a host without NVIDIA's MPS control program (this one):
     refused with the program's name and the fix, before vLLM is launched."""

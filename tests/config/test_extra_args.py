@@ -1,0 +1,49 @@
+"""``engine.extra_args`` may add vLLM flags, never repeat one the plan passes: vLLM takes the last
+of two, so the plan shown, and its reasons, would not be what runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from config.commands import check_extra_args, engine_argv
+from config.errors import SettingsError
+from config.hardware import load_profile
+from config.model import read_model
+from config.planner import make_plan
+from config.settings import WorkloadSettings
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def planned_argv(profile: str) -> list[str]:
+    """One engine's argv of a real plan for ERNIE-4.5-0.3B on a shipped hardware profile."""
+    model = read_model(DATA / "ernie-4.5-0.3b-pt.json")
+    plan = make_plan(load_profile(profile), model, WorkloadSettings(users=256), None)
+    return engine_argv(plan, python="python3", model_path="/models/ernie", host="127.0.0.1", port=8001)
+
+
+@pytest.mark.parametrize(
+    ("extra", "named", "fix"),
+    [
+        (["--max-num-seqs", "8"], "--max-num-seqs", "--set max_num_seqs=VALUE"),
+        (["--max_num_seqs=8"], "--max_num_seqs", "--set max_num_seqs=VALUE"),  # vLLM takes underscores too
+        (["-tp", "2"], "-tp", "--set tensor_parallel_size=VALUE"),  # vLLM's short name
+        (["--no-async-scheduling"], "--no-async-scheduling", "--set async_scheduling=VALUE"),  # the plan passes on
+        (["--port", "9000"], "--port", "serve sets it"),  # not a plan value: engine.port
+    ],
+)
+def test_a_flag_the_plan_passes_is_refused_with_the_pin_to_use(extra: list[str], named: str, fix: str) -> None:
+    argv = planned_argv("1xH200")
+    assert "--async-scheduling" in argv, "the GPU plan passes async scheduling on"
+    with pytest.raises(SettingsError, match=r"engine\.extra_args repeats what the plan already passes") as err:
+        check_extra_args(argv, ["--trust-remote-code", *extra])
+    assert named in str(err.value) and fix in str(err.value)
+    assert "--trust-remote-code" not in str(err.value), "a flag the plan does not set is not named"
+
+
+def test_flags_the_plan_does_not_set_pass() -> None:
+    check_extra_args(planned_argv("1xH200"), ["-O", '{"cudagraph_mode": "FULL"}', "--trust-remote-code", "-q", "fp8"])
+    # on the CPU engine the plan passes no parallel sizes, so they are the user's to add
+    check_extra_args(planned_argv("cpu-only"), ["-tp", "1"])
