@@ -5,7 +5,8 @@
 # interleaved: 128, 256, 128, 256, ...). Every server gets one unmeasured level of 16 first.
 # VARIANT="name:flag flag ..." adds a second project plan (e.g. "mps:--set gpu_sharing=mps"),
 # measured after the defaults; DEFAULTS=0 leaves `vllm serve` out (the plan against the variant),
-# PROJECT=0 the plan.
+# PROJECT=0 the plan. VARIANT_EXTRA_ARGS (a JSON list) adds vLLM flags the plan does not set to the
+# variant's engines only, e.g. '["--compilation-config", "{\"cudagraph_mode\": \"FULL\"}"]'.
 # If start-up stalls, every vLLM process's Python stack goes to diagnose.txt (py-spy).
 # PROFILE=1: after each server's levels, 6 more runs of each level while `top` samples every
 # process's CPU, py-spy records each engine core (raw stacks: NAME-cC-pyspy-*.txt) and nvidia-smi
@@ -66,5 +67,5 @@ if [ "${DEFAULTS:-1}" != 0 ]; then
 fi
 if [ -n "${VARIANT:-}" ]; then
   read -ra flags <<< "${VARIANT#*:}"
-  project "${VARIANT%%:*}" "${flags[@]}"
+  ERNIECHAT_ENGINE__EXTRA_ARGS=${VARIANT_EXTRA_ARGS:-[]} project "${VARIANT%%:*}" "${flags[@]}"
 fi

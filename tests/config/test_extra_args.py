@@ -44,6 +44,6 @@ def test_a_flag_the_plan_passes_is_refused_with_the_pin_to_use(extra: list[str],
 
 
 def test_flags_the_plan_does_not_set_pass() -> None:
-    check_extra_args(planned_argv("1xH200"), ["-O", '{"cudagraph_mode": "FULL"}', "--trust-remote-code", "-q", "fp8"])
+    check_extra_args(planned_argv("1xH200"), ["-cc", '{"cudagraph_mode": "FULL"}', "--trust-remote-code", "-q", "fp8"])
     # on the CPU engine the plan passes no parallel sizes, so they are the user's to add
     check_extra_args(planned_argv("cpu-only"), ["-tp", "1"])
