@@ -67,14 +67,16 @@ def _flag(token: str) -> str:
     return "--" + name[5:] if name.startswith("--no-") else name
 
 
-def check_extra_args(planned: list[str], extra: list[str]) -> None:
-    """Refuse ``engine.extra_args`` that repeat a flag the plan or ``serve`` already passes: vLLM
-    takes the last of the two, so the plan shown, and its reasons, would not be what runs."""
+def with_extra_args(planned: list[str], extra: list[str]) -> list[str]:
+    """``planned`` followed by ``engine.extra_args``, refusing any extra flag that repeats one the plan or
+    ``serve`` already passes: vLLM takes the last of the two, so the plan shown, and its reasons, would
+    not be what runs."""
     have = {_flag(t) for t in planned if t.startswith("--")}
     clashes = []
     for token in extra:
-        if token.startswith("-") and _flag(token) in have:
-            key = _flag(token)[2:].replace("-", "_")
+        flag = _flag(token)
+        if token.startswith("-") and flag in have:
+            key = flag[2:].replace("-", "_")
             fix = f"pin it with --set {key}=VALUE" if key in PINNABLE else "serve sets it from the plan and settings"
             clashes.append(f"{token.split('=', 1)[0]} ({fix})")
     if clashes:
@@ -82,6 +84,7 @@ def check_extra_args(planned: list[str], extra: list[str]) -> None:
             f"engine.extra_args repeats what the plan already passes to vLLM: {'; '.join(clashes)}; "
             "extra_args is for flags the plan does not set"
         )
+    return [*planned, *extra]
 
 
 def engine_argv(plan: Plan, *, python: str, model_path: str, host: str, port: int) -> list[str]:

@@ -25,8 +25,8 @@ probe() {  # DIR: the warmth probe's passes against the running serve
 
 case $mode in
   start)
-    gpu_clean
-    [ -d "$DIR" ] || $G demo-model "$DIR" --full-size | tail -1
+    gpu_clean  # not gpu_begin: its exit trap would stop the serve that call B probes
+    demo_checkpoint
     setsid bash scripts/gpu-host.sh serve --model demo "$@" > /tmp/erniechat-idle-serve.log 2>&1 < /dev/null &
     if ! wait_for_line /tmp/erniechat-idle-serve.log "^ready:" 100 480; then
       cp /tmp/erniechat-idle-serve.log "$RES/serve.log"; gpu_clean; save_results; exit 1

@@ -29,11 +29,15 @@ gpu_clean() {  # serve's engines run in their own session: a call's end does not
   sleep 2
 }
 
+demo_checkpoint() {  # the full-size demo checkpoint, made once per machine
+  [ -d "$DIR" ] || $G demo-model "$DIR" --full-size | tail -1
+}
+
 gpu_begin() {  # every script's start: stop what a previous call left, save results on any exit,
   # make the full-size demo checkpoint if this machine has none yet
   trap 'gpu_clean; save_results' EXIT
   gpu_clean
-  [ -d "$DIR" ] || $G demo-model "$DIR" --full-size | tail -1
+  demo_checkpoint
 }
 
 diagnose() {  # where every vLLM process is (py-spy from .whl/)

@@ -45,7 +45,7 @@ from backend.runtime.node_identity import (
     vllm_version,
 )
 from backend.runtime.resolve import resolve_model
-from config.commands import check_extra_args, worker_argv
+from config.commands import with_extra_args, worker_argv
 from config.pipeline import planned_as_given
 from config.settings import Settings
 
@@ -180,10 +180,10 @@ def _run_stage(settings: Settings, job: JoinReply, link: HeadLink, model_path: s
     env = {**job.environment, "VLLM_HOST_IP": ip_towards(link.host)}
     if env.get("VLLM_CPU_OMP_THREADS_BIND") == "auto" and is_loopback(link.host):
         env["VLLM_CPU_OMP_THREADS_BIND"] = core_share(rank, plan.nodes) or "auto"
-    check_extra_args(argv, e.extra_args)
+    full_argv = with_extra_args(argv, e.extra_args)
     run_dir = Path(e.run_dir)
     log_path = run_dir / f"engine-node{rank}.log"
-    engine = Engine(f"node {rank}'s vLLM worker", argv + e.extra_args, env, log_path, run_dir, link.host, 0)
+    engine = Engine(f"node {rank}'s vLLM worker", full_argv, env, log_path, run_dir, link.host, 0)
     say(f"node {rank}: " + " ".join(f"{k}={v}" for k, v in sorted(env.items())) + " " + " ".join(argv))
     say(f"node {rank}: vLLM worker log: {log_path}")
     engine.start()

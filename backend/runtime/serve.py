@@ -41,12 +41,12 @@ from backend.runtime.status import EngineStatus, WarmupRecord
 from backend.runtime.warmup import WarmupError, warm_up
 from config.commands import (
     MASTER_PORT,
-    check_extra_args,
     engine_argv,
     engine_env,
     engine_port,
     node_flags,
     router_metrics_port,
+    with_extra_args,
 )
 from config.pipeline import Planned, plan_for
 from config.plan import Plan
@@ -235,8 +235,7 @@ class Server:
                 env["VLLM_HOST_IP"] = addr
                 if env.get("VLLM_CPU_OMP_THREADS_BIND") == "auto" and is_loopback(addr):
                     env["VLLM_CPU_OMP_THREADS_BIND"] = core_share(0, plan.nodes) or "auto"
-            check_extra_args(argv, e.extra_args)
-            argv += e.extra_args
+            argv = with_extra_args(argv, e.extra_args)
             if e.api_key:
                 env["VLLM_API_KEY"] = e.api_key
             if self.mps:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from config.commands import check_extra_args, engine_argv
+from config.commands import engine_argv, with_extra_args
 from config.errors import SettingsError
 from config.hardware import load_profile
 from config.model import read_model
@@ -38,12 +38,14 @@ def test_a_flag_the_plan_passes_is_refused_with_the_pin_to_use(extra: list[str],
     argv = planned_argv("1xH200")
     assert "--async-scheduling" in argv, "the GPU plan passes async scheduling on"
     with pytest.raises(SettingsError, match=r"engine\.extra_args repeats what the plan already passes") as err:
-        check_extra_args(argv, ["--trust-remote-code", *extra])
+        with_extra_args(argv, ["--trust-remote-code", *extra])
     assert named in str(err.value) and fix in str(err.value)
     assert "--trust-remote-code" not in str(err.value), "a flag the plan does not set is not named"
 
 
 def test_flags_the_plan_does_not_set_pass() -> None:
-    check_extra_args(planned_argv("1xH200"), ["-cc", '{"cudagraph_mode": "FULL"}', "--trust-remote-code", "-q", "fp8"])
+    gpu, extra = planned_argv("1xH200"), ["-cc", '{"cudagraph_mode": "FULL"}', "--trust-remote-code", "-q", "fp8"]
+    assert with_extra_args(gpu, extra) == gpu + extra, "after the planned flags, verbatim"
     # on the CPU engine the plan passes no parallel sizes, so they are the user's to add
-    check_extra_args(planned_argv("cpu-only"), ["-tp", "1"])
+    cpu = planned_argv("cpu-only")
+    assert with_extra_args(cpu, ["-tp", "1"]) == [*cpu, "-tp", "1"]
