@@ -16,6 +16,7 @@ has no ``vllm`` script, so CPU workers run vLLM's CLI through ``backend/runtime/
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,13 +54,21 @@ def router_metrics_port(plan: Plan, port: int) -> int:
     return engine_port(port, plan.engine_count)
 
 
-SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size"}
+SHORT_FLAGS = {
+    "-tp": "--tensor-parallel-size",
+    "-pp": "--pipeline-parallel-size",
+    "-dp": "--data-parallel-size",
+    "-cc": "--compilation-config",
+}
 """vLLM's short names for flags the plan sets (``vllm serve --help``)."""
+FLAG_PINS = {"--compilation-config": "pin cudagraph_mode=auto and max_cudagraph_capture_size=0 to leave it to you"}
+"""Flags the plan fills from several pins: what to pin so that extra_args may set them instead."""
 
 
 def _flag(token: str) -> str:
-    """A vLLM flag's one spelling: long, dashes (vLLM takes ``--max_num_seqs`` too), ``--no-X`` as ``--X``."""
-    name = token.split("=", 1)[0]
+    """A vLLM flag's one spelling: long, dashes (vLLM takes ``--max_num_seqs`` too), ``--no-X`` as ``--X``,
+    one key of a JSON flag (``-cc.cudagraph_mode``) as the flag."""
+    name = token.split("=", 1)[0].split(".", 1)[0]
     name = SHORT_FLAGS.get(name, name)
     if not name.startswith("--"):
         return name
@@ -77,7 +86,9 @@ def with_extra_args(planned: list[str], extra: list[str]) -> list[str]:
         flag = _flag(token)
         if token.startswith("-") and flag in have:
             key = flag[2:].replace("-", "_")
-            fix = f"pin it with --set {key}=VALUE" if key in PINNABLE else "serve sets it from the plan and settings"
+            fix = FLAG_PINS.get(flag) or (
+                f"pin it with --set {key}=VALUE" if key in PINNABLE else "serve sets it from the plan and settings"
+            )
             clashes.append(f"{token.split('=', 1)[0]} ({fix})")
     if clashes:
         raise SettingsError(
@@ -135,6 +146,7 @@ def engine_flags(plan: Plan) -> list[str]:
             argv += ["--api-server-count", str(plan.api_server_count)]
         # vLLM decides by itself when neither is given (on, with uni and mp): the plan says which
         argv += ["--async-scheduling" if plan.async_scheduling else "--no-async-scheduling"]
+        argv += compilation_flags(plan)
     else:
         if plan.split_across_nodes:
             argv += ["--pipeline-parallel-size", str(plan.pipeline_parallel_size)]
@@ -144,6 +156,16 @@ def engine_flags(plan: Plan) -> list[str]:
     if plan.stream_interval > 1:
         argv += ["--stream-interval", str(plan.stream_interval)]
     return argv
+
+
+def compilation_flags(plan: Plan) -> list[str]:
+    """``--compilation-config`` with the plan's CUDA-graph values, or nothing when both are vLLM's own."""
+    config: dict[str, str | int] = {}
+    if plan.cudagraph_mode != "auto":
+        config["cudagraph_mode"] = plan.cudagraph_mode
+    if plan.max_cudagraph_capture_size:
+        config["max_cudagraph_capture_size"] = plan.max_cudagraph_capture_size
+    return ["--compilation-config", json.dumps(config)] if config else []
 
 
 def node_flags(

@@ -15,6 +15,8 @@ ExecutorBackend = Literal["uni", "mp", "ray"]
 Device = Literal["cuda", "cpu"]
 DType = Literal["bfloat16", "float16", "float32"]
 GpuSharing = Literal["time-slice", "mps"]
+CudagraphMode = Literal["auto", "FULL", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "PIECEWISE", "NONE"]
+"""vLLM's ``compilation_config.cudagraph_mode`` values; ``auto``: not passed, vLLM's own choice."""
 
 GIB = 1024**3
 
@@ -112,6 +114,11 @@ class Plan(BaseModel):
     """How engines sharing a GPU take turns on it: the driver's time-slicing, or NVIDIA's
     Multi-Process Service (``mps``: a daemon of the user's own that ``serve`` starts and quits,
     so both engines' kernels run at once; ``backend/runtime/mps.py``)."""
+    cudagraph_mode: CudagraphMode = "auto"
+    """Which engine steps vLLM replays as CUDA graphs (``--compilation-config``): ``FULL`` graphs a step
+    that reads prompts too, not only pure decode steps as vLLM's own ``FULL_AND_PIECEWISE`` does."""
+    max_cudagraph_capture_size: int = Field(default=0, ge=0)
+    """Largest step (tokens) vLLM captures a graph for; 0: vLLM's own (2 x max_num_seqs, at most 512)."""
     stream_interval: int = Field(default=1, ge=1, le=64)
     """vLLM's ``--stream-interval``: tokens per streamed chunk (the page joins chunks anyway)."""
     page_processes: int = Field(default=1, ge=1, le=16)
@@ -229,6 +236,8 @@ PINNABLE = (
     "engine_core_nice",
     "engines_per_gpu",
     "gpu_sharing",
+    "cudagraph_mode",
+    "max_cudagraph_capture_size",
     "stream_interval",
     "page_processes",
 )
@@ -276,6 +285,11 @@ def _cross_field_problems(plan: Plan) -> list[str]:
             )
         if plan.cpu_kv_cache_space_gib is None:
             out.append("device=cpu without cpu_kv_cache_space_gib: set it (GiB of RAM for the KV cache)")
+        if plan.cudagraph_mode != "auto" or plan.max_cudagraph_capture_size:
+            out.append(
+                "device=cpu with cudagraph_mode or max_cudagraph_capture_size: CUDA graphs are a GPU engine's; "
+                "valid on a CPU plan: cudagraph_mode=auto, max_cudagraph_capture_size=0"
+            )
     else:
         if len(set(plan.gpus)) != len(plan.gpus):
             out.append(f"gpus={plan.gpus}: a GPU plan names each GPU it uses on a node once; re-plan with `plan`")

@@ -12,6 +12,7 @@ from config.rules.batching import cpu_batching
 from config.rules.dtype import as_served, cpu_dtype
 from config.rules.engines import cpu_engines
 from config.rules.frontend import cpu_frontend, page_processes
+from config.rules.graphs import cpu_graphs
 from config.rules.memory import CPU_RUNTIME_RESERVE, choose_max_len, cpu_kv_cache, weights_per_gpu
 from config.rules.parallel import cpu_parallel
 from config.settings import WorkloadSettings
@@ -45,6 +46,7 @@ def plan_cpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
     max_len = choose_max_len(draft, model, workload, kv_tokens, "the CPU KV cache")
     seqs_fit = max(1, kv_tokens // typical)
     cpu_batching(draft, workload, node.cpu_cores, seqs_fit)
+    cpu_graphs(draft)
     cpu_frontend(draft)
     page_processes(draft, hardware, model, workload)
     cpu_engine_core_nice(draft)

@@ -56,7 +56,7 @@ SHARED_MEASURED = (
 MPS_MEASURED = (
     "measured on one H200, 16 cores, two engines under MPS: 1.12x / 1.21x / 1.14x the time-sliced pair's "
     "tokens/s at 16 / 128 / 256 concurrent (each level's slowest MPS run above the fastest time-sliced one), "
-    "0.97-1.37x / 1.56-2.31x `vllm serve` defaults' at 128 / 256 on three hosts with 0.2-0.85x their p99 TTFT, "
+    "0.97-1.37x / 1.56-2.31x `vllm serve` defaults' at 128 / 256 on four hosts with 0.2-0.85x their p99 TTFT, "
     "and against one engine 0.91x at 32, 1.09x at 64 (BENCHMARKS.md)"
 )
 """The figures behind MPS: the sharing itself and the lower threshold of users."""

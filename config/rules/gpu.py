@@ -1,4 +1,4 @@
-"""The GPU engine's path: which GPUs, then dtype, memory, parallel sizes, batching, front end."""
+"""The GPU engine's path: which GPUs, then dtype, memory, parallel sizes, batching, CUDA graphs, front end."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from config.rules.batching import gpu_max_num_batched_tokens, gpu_max_num_seqs, 
 from config.rules.dtype import as_served, gpu_dtype
 from config.rules.engines import gpu_engines, gpu_sharing, share_memory
 from config.rules.frontend import gpu_frontend, page_processes
+from config.rules.graphs import gpu_graphs
 from config.rules.memory import (
     CUDA_RUNTIME_RESERVE,
     DEFAULT_GPU_UTILIZATION,
@@ -67,7 +68,8 @@ def plan_gpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
     seqs_fit = max(1, kv // typical)
 
     seqs = gpu_max_num_seqs(draft, workload, seqs_fit, dp * engines, users_per_replica)
-    gpu_max_num_batched_tokens(draft, mnbt, seqs, mnbt_reason)
+    mnbt = gpu_max_num_batched_tokens(draft, mnbt, seqs, mnbt_reason)
+    gpu_graphs(draft, gpus, model, mnbt)
     gpu_frontend(draft, hardware, model, workload, dp, engines, routed=engines > 1 or nodes > 1)
     page_processes(draft, hardware, model, workload)
     gpu_engine_core_nice(draft, hardware)

@@ -301,6 +301,26 @@ def test_big_gpus_take_larger_prefill_chunks_unless_latency_is_the_objective() -
     assert plan("1xA100-80G").max_num_batched_tokens == 4096, "vLLM keeps A100 on the small default too"
 
 
+def test_small_models_on_hopper_graph_whole_steps_up_to_1024_tokens_vllm_decides_elsewhere() -> None:
+    h200 = plan("1xH200", users=256)
+    assert (h200.cudagraph_mode, h200.max_cudagraph_capture_size) == ("FULL", 1024)
+    assert "1.24x / 1.19x" in h200.reasons["cudagraph_mode"], "the measurement behind the rule"
+    # the flag carries both values, once
+    assert engine_flags(h200).count("--compilation-config") == 1
+    # FlashAttention 2 (before Hopper) cannot graph a step with a prompt in it; a big model's steps are long
+    for p in (plan("1xA100-80G"), plan("1xL4"), plan("1xH200", "llama-3.1-8b")):
+        assert (p.cudagraph_mode, p.max_cudagraph_capture_size) == ("auto", 0)
+        assert "--compilation-config" not in engine_flags(p)
+    assert "FlashAttention 2" in plan("1xL4").reasons["cudagraph_mode"]
+    # never past the prefill chunk (vLLM would cut it there), and a pin of vLLM's own mode leaves the size to vLLM
+    assert plan("1xH200", pins={"max_num_batched_tokens": 768}).max_cudagraph_capture_size == 768
+    assert plan("1xH200", pins={"cudagraph_mode": "auto"}).max_cudagraph_capture_size == 0
+    with pytest.raises(PlanError, match="cudagraph_mode=whole: Input should be 'auto', 'FULL'"):
+        plan("1xH200", pins={"cudagraph_mode": "whole"})
+    with pytest.raises(PlanError, match=r"device=cpu with cudagraph_mode .* CUDA graphs are a GPU engine's"):
+        plan("cpu-only", pins={"cudagraph_mode": "FULL"})
+
+
 def test_objectives_differ_in_batching() -> None:
     lat = plan("1xH200", objective="latency", users=64)
     thr = plan("1xH200", objective="throughput", users=64)
@@ -394,6 +414,10 @@ def test_plans_pass_vllms_own_config_checks(tmp_path: Path) -> None:
         assert p.memory.kv_bytes_per_token == vllm_kv, case
         if p.device == "cuda":  # left to itself, vLLM decides (None): the plan must say what runs
             assert res["async_scheduling"] is p.async_scheduling, case
+        # the CUDA-graph values reach vLLM as the plan says, or not at all when they are vLLM's own
+        assert res["cudagraph_mode"] == (None if p.cudagraph_mode == "auto" else p.cudagraph_mode), case
+        assert res["max_cudagraph_capture_size"] == (p.max_cudagraph_capture_size or None), case
+    assert any(p.cudagraph_mode == "FULL" for p, _hw, _m in PLANS.values() if isinstance(p, Plan)), "none graphed"
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

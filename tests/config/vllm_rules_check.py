@@ -2,7 +2,8 @@
 
 Input (stdin): JSON list of {"id", "config_dir", "plan", "flags"}. Output (stdout, last line):
 JSON {id: {"ok": bool, "error": str, "kv_heads_per_rank": int, "layers_per_stage": int,
-"head_size": int, "async_scheduling": bool | None}}. ``flags``: the engine's command-line flags
+"head_size": int, "async_scheduling": bool | None, "cudagraph_mode": str | None,
+"max_cudagraph_capture_size": int | None}}. ``flags``: the engine's command-line flags
 as the project passes them, parsed by vLLM's own ``serve`` parser (what vLLM would run with).
 Imports vLLM once (~16 s), so the test sends every case in one call.
 """
@@ -44,6 +45,9 @@ def check(case: dict[str, Any]) -> dict[str, Any]:
         )
         args = serve_parser().parse_args(["--model", case["config_dir"], *case["flags"]])
         out["async_scheduling"] = args.async_scheduling
+        graphs = args.compilation_config
+        out["cudagraph_mode"] = None if graphs.cudagraph_mode is None else graphs.cudagraph_mode.name
+        out["max_cudagraph_capture_size"] = graphs.max_cudagraph_capture_size
         out["kv_heads_per_rank"] = mc.get_num_kv_heads(pc)
         out["layers_per_stage"] = mc.get_num_layers(pc)
         out["head_size"] = mc.get_head_size()

@@ -9,6 +9,7 @@ from typing import Any
 from support.services import ROOT
 
 from backend.measure.tune.candidates import enumerate_candidates, inert, order_candidates
+from config.commands import engine_flags
 from config.hardware import load_profile
 from config.model import read_model
 from config.planner import make_plan
@@ -58,7 +59,7 @@ def test_gpu_candidates_cover_every_split_the_planner_accepts() -> None:
     assert off and all(c.pins.get("async_scheduling") is False for c in off), "tune measures it off"
 
 
-def test_gpu_candidates_vary_engines_per_gpu_mps_and_the_stream_interval() -> None:
+def test_gpu_candidates_vary_engines_per_gpu_mps_graphs_and_the_stream_interval() -> None:
     found, _ = candidates("1xH200", users=256)
     assert found[0].values["engines_per_gpu"] == 2 and found[0].values["stream_interval"] == 16
     one = next(c for c in found if c.changes == ("engines",))
@@ -66,6 +67,12 @@ def test_gpu_candidates_vary_engines_per_gpu_mps_and_the_stream_interval() -> No
     assert found[0].values["gpu_sharing"] == "mps"
     sliced = next(c for c in found if c.changes == ("sharing",))
     assert sliced.pins == {"gpu_sharing": "time-slice"} and sliced.plan.engines_per_gpu == 2
+    assert (found[0].values["cudagraph_mode"], found[0].values["max_cudagraph_capture_size"]) == ("FULL", 1024)
+    own = next(c for c in found if c.changes == ("graphs",))  # vLLM's own graphs: the size follows the mode
+    assert own.pins == {"cudagraph_mode": "auto"} and own.values["max_cudagraph_capture_size"] == 0
+    assert "--compilation-config" not in engine_flags(own.plan) and "--compilation-config" in engine_flags(
+        found[0].plan
+    )
     every = next(c for c in found if c.changes == ("stream",))
     assert every.values["stream_interval"] == 1 and every.name == "stream interval 1"
     api = found[0].values["api_server_count"]

@@ -4,7 +4,8 @@ Candidates come from the planner's own rules: every parallel split (TP x PP x re
 uses the GPUs the default uses, crossed with max_num_seqs (the planner's value for that split,
 half, double) and max_num_batched_tokens (the planner's, double), and on a GPU async
 scheduling (on or off), engines per GPU (one or two behind the router), API servers per engine (half,
-double) and the stream interval (1 or 16): the knobs that moved tokens/s on one H200.
+double), the stream interval (1 or 16) and CUDA graphs (whole steps or vLLM's own): the knobs that
+moved tokens/s on one H200.
 ``make_plan`` with those pins decides which are valid. The planner's default plan is always
 first. Changes that cannot matter at the target load (max_num_seqs above the concurrency
 either way) go last.
@@ -34,6 +35,8 @@ TUNED_KEYS = (
     "gpu_sharing",
     "stream_interval",
     "api_server_count",
+    "cudagraph_mode",
+    "max_cudagraph_capture_size",
 )
 SPLIT_KEYS = TUNED_KEYS[:3]
 
@@ -46,6 +49,7 @@ CHANGE_ORDER = {
         "seqs x2",
         "batch x2",
         "async",
+        "graphs",
         "sharing",
         "stream",
         "api /2",
@@ -59,11 +63,24 @@ CHANGE_ORDER = {
         "seqs /2",
         "batch x2",
         "async",
+        "graphs",
         "sharing",
         "stream",
         "api /2",
     ),
-    "latency": ("split", "seqs /2", "engines", "api x2", "batch x2", "async", "sharing", "stream", "api /2", "seqs x2"),
+    "latency": (
+        "split",
+        "seqs /2",
+        "engines",
+        "api x2",
+        "batch x2",
+        "async",
+        "graphs",
+        "sharing",
+        "stream",
+        "api /2",
+        "seqs x2",
+    ),
 }
 Knob = tuple[str, tuple[tuple[Any, str, str], ...]]
 """A plan key and its alternatives to the split's own value: (value, change name, label)."""
@@ -79,7 +96,7 @@ class Candidate:
     plan: Plan
     changes: tuple[str, ...] = ()
     """What differs from the default: 'split', 'seqs /2', 'seqs x2', 'batch x2', 'async', 'engines',
-    'api x2', 'api /2', 'stream', 'sharing'."""
+    'api x2', 'api /2', 'stream', 'sharing', 'graphs'."""
     base: dict[str, int] = field(default_factory=dict)
     """The planner's own values for this candidate's split (what 'x2' and '/2' are of)."""
 
@@ -179,9 +196,9 @@ def enumerate_candidates(
 
 def _knobs(base_plan: Plan, *, gpu: bool) -> list[Knob]:
     """What ``tune`` varies around one split's plan. GPU only: async scheduling off (the planner
-    turns it on, as vLLM does by itself, and says `tune` measures it off), engines per GPU, MPS
-    against time-slicing, API servers per engine (the planner's count, halved and doubled: 3 to 4
-    per engine gave 1.08-1.14x on one H200) and the stream interval."""
+    turns it on, as vLLM does by itself, and says `tune` measures it off), engines per GPU, whole-step
+    CUDA graphs against vLLM's own, MPS against time-slicing, API servers per engine (the planner's
+    count, halved and doubled: 3 to 4 per engine gave 1.08-1.14x on one H200) and the stream interval."""
     seqs, batch = base_plan.max_num_seqs, base_plan.max_num_batched_tokens
     half = max(1, seqs // 2)
     knobs: list[Knob] = [
@@ -192,7 +209,10 @@ def _knobs(base_plan: Plan, *, gpu: bool) -> list[Knob]:
         if base_plan.async_scheduling:
             knobs.append(("async_scheduling", ((False, "async", "async scheduling off"),)))
         engines = 2 if base_plan.engines_per_gpu == 1 else 1
-        knobs.append(("engines_per_gpu", ((engines, "engines", f"{engines} engines per GPU"),)))
+        label = f"{engines} engine{'s' if engines > 1 else ''} per GPU"
+        knobs.append(("engines_per_gpu", ((engines, "engines", label),)))
+        if base_plan.cudagraph_mode == "FULL":  # vLLM's own graphs (the capture size follows the mode)
+            knobs.append(("cudagraph_mode", (("auto", "graphs", "vLLM's own CUDA graphs"),)))
         if base_plan.gpu_sharing == "mps":  # the other way needs MPS on the host, which the plan then had chosen
             knobs.append(("gpu_sharing", (("time-slice", "sharing", "GPU time-sliced, no MPS"),)))
         api = base_plan.api_server_count

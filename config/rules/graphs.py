@@ -1,0 +1,71 @@
+"""CUDA graphs: which engine steps vLLM replays as one graph instead of launching kernel by kernel.
+
+vLLM 0.24's own choice (``FULL_AND_PIECEWISE``, steps up to 2 x max_num_seqs and at most 512
+tokens) graphs pure decode steps only as a whole. Under load nearly every step also reads a new
+prompt (at 128 concurrent with 128-token replies, one request ends and one starts per step), and
+a step of one 512-token prompt beside the running sequences' next tokens is over 512 tokens: it
+runs without graphs. On one H200 with a small model, graphing those steps too (``FULL``, steps up
+to 1024 tokens) gave 1.24x / 1.19x the tokens/s at 128 / 256 concurrent (BENCHMARKS.md, "Whole
+steps as CUDA graphs").
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from config.hardware import GPUInfo
+from config.model import ModelSpec
+from config.rules.frontend import SMALL_MODEL_ACTIVE_PARAMS
+
+if TYPE_CHECKING:
+    from config.planner import Draft
+
+FULL_GRAPH_CAPABILITY = (9, 0)
+"""Hopper and later: vLLM runs FlashAttention 3 there, whose attention it can capture in a graph for
+steps that mix prompts and decodes (``AttentionCGSupport.ALWAYS``); FA2 on older GPUs cannot."""
+GRAPH_TOKENS = 1024
+"""Largest step captured: one 512-token prompt beside up to 512 sequences' next tokens (measured)."""
+
+
+def gpu_graphs(draft: Draft, gpus: list[GPUInfo], model: ModelSpec, max_num_batched_tokens: int) -> None:
+    """Set cudagraph_mode and max_cudagraph_capture_size: whole steps as graphs for a small model on
+    Hopper or later (measured), vLLM's own choice elsewhere (unmeasured)."""
+    oldest = min(g.compute_capability for g in gpus)
+    if model.active_param_count >= SMALL_MODEL_ACTIVE_PARAMS:
+        mode = draft.set(
+            "cudagraph_mode",
+            "auto",
+            "vLLM's own (FULL_AND_PIECEWISE): a big model's steps are long beside their kernel launches (unmeasured)",
+        )
+    elif oldest < FULL_GRAPH_CAPABILITY:
+        mode = draft.set(
+            "cudagraph_mode",
+            "auto",
+            f"vLLM's own (FULL_AND_PIECEWISE): compute capability {oldest[0]}.{oldest[1]} runs FlashAttention 2, "
+            "which vLLM cannot graph in a step that reads a prompt",
+        )
+    else:
+        mode = draft.set(
+            "cudagraph_mode",
+            "FULL",
+            "whole steps as CUDA graphs, those that read a prompt too (vLLM's own FULL_AND_PIECEWISE graphs only "
+            "pure decode steps whole): a small model's steps are short, so launching their kernels one by one "
+            "costs; measured on one H200, two engines: 1.24x / 1.19x the tokens/s at 128 / 256 concurrent, "
+            "with max_cudagraph_capture_size 1024",
+        )
+    if mode == "auto":
+        draft.set("max_cudagraph_capture_size", 0, "vLLM's own: 2 x max_num_seqs, at most 512 tokens")
+        return
+    size = min(GRAPH_TOKENS, max_num_batched_tokens)
+    draft.set(
+        "max_cudagraph_capture_size",
+        size,
+        f"steps of up to {size} tokens replayed as graphs: one 512-token prompt beside the running sequences' next "
+        "tokens is over vLLM's own 512; measured with 1024 (0.6 GiB of graphs per engine, 3 s to capture)",
+    )
+
+
+def cpu_graphs(draft: Draft) -> None:
+    """Set both to vLLM's own on the CPU engine (a pin of anything else is refused by the plan's check)."""
+    draft.set("cudagraph_mode", "auto", "the CPU engine runs no CUDA graphs")
+    draft.set("max_cudagraph_capture_size", 0, "the CPU engine runs no CUDA graphs")
