@@ -41,46 +41,11 @@ TUNED_KEYS = (
 SPLIT_KEYS = TUNED_KEYS[:3]
 
 # Which single change to try first, per objective (after other parallel splits).
+_LATER = ("async", "graphs", "sharing", "stream", "api /2")
 CHANGE_ORDER = {
-    "throughput": (
-        "split",
-        "engines",
-        "api x2",
-        "seqs x2",
-        "batch x2",
-        "async",
-        "graphs",
-        "sharing",
-        "stream",
-        "api /2",
-        "seqs /2",
-    ),
-    "balanced": (
-        "split",
-        "engines",
-        "api x2",
-        "seqs x2",
-        "seqs /2",
-        "batch x2",
-        "async",
-        "graphs",
-        "sharing",
-        "stream",
-        "api /2",
-    ),
-    "latency": (
-        "split",
-        "seqs /2",
-        "engines",
-        "api x2",
-        "batch x2",
-        "async",
-        "graphs",
-        "sharing",
-        "stream",
-        "api /2",
-        "seqs x2",
-    ),
+    "throughput": ("split", "engines", "api x2", "seqs x2", "batch x2", *_LATER, "seqs /2"),
+    "balanced": ("split", "engines", "api x2", "seqs x2", "seqs /2", "batch x2", *_LATER),
+    "latency": ("split", "seqs /2", "engines", "api x2", "batch x2", *_LATER, "seqs x2"),
 }
 Knob = tuple[str, tuple[tuple[Any, str, str], ...]]
 """A plan key and its alternatives to the split's own value: (value, change name, label)."""
