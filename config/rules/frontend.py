@@ -18,6 +18,13 @@ if TYPE_CHECKING:
 
 SMALL_MODEL_ACTIVE_PARAMS = 3 * 10**9
 """Below this many active parameters, HTTP and (de)tokenising, not the GPU, set the ceiling."""
+
+
+def host_bound(model: ModelSpec) -> bool:
+    """A small model: its steps are short, so the host side (HTTP, tokenising, launching kernels) is the ceiling."""
+    return model.active_param_count < SMALL_MODEL_ACTIVE_PARAMS
+
+
 ASYNC_EXECUTORS = ("uni", "mp")
 """vLLM's executors that schedule asynchronously (``supports_async_scheduling`` in vLLM 0.24; Ray's does not)."""
 PAGE_USERS_PER_PROCESS = 16
@@ -38,7 +45,7 @@ def gpu_frontend(
     stream_interval and async_scheduling. ``engines``: servers per GPU group behind the router;
     ``routed``: one server per GPU group (and share) behind the router, as on several nodes."""
     cores = hardware.node.cpu_cores
-    small = model.active_param_count < SMALL_MODEL_ACTIVE_PARAMS
+    small = host_bound(model)
     if routed:
         per_engine = cores // (dp * engines)
         count = max(1, min(4, per_engine // 2))
@@ -84,7 +91,7 @@ def page_processes(draft: Draft, hardware: Hardware, model: ModelSpec, workload:
     """Set page_processes: one Chainlit event loop sets up every message of the page, so a small
     model's many concurrent chats on a GPU host need several (cores to spare: a quarter of them)."""
     cores = hardware.node.cpu_cores
-    small = model.active_param_count < SMALL_MODEL_ACTIVE_PARAMS
+    small = host_bound(model)
     if hardware.has_gpu and small and workload.users >= PAGE_USERS_PER_PROCESS * 2 and cores >= 8:
         count = max(2, min(4, cores // 4, workload.users // PAGE_USERS_PER_PROCESS))
         draft.set(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from config.hardware import GPUInfo
 from config.model import ModelSpec
-from config.rules.frontend import SMALL_MODEL_ACTIVE_PARAMS
+from config.rules.frontend import host_bound
 
 if TYPE_CHECKING:
     from config.planner import Draft
@@ -31,19 +31,17 @@ def gpu_graphs(draft: Draft, gpus: list[GPUInfo], model: ModelSpec, max_num_batc
     """Set cudagraph_mode and max_cudagraph_capture_size: whole steps as graphs for a small model on
     Hopper or later (measured), vLLM's own choice elsewhere (unmeasured)."""
     oldest = min(g.compute_capability for g in gpus)
-    if model.active_param_count >= SMALL_MODEL_ACTIVE_PARAMS:
-        mode = draft.set(
-            "cudagraph_mode",
-            "auto",
-            "vLLM's own (FULL_AND_PIECEWISE): a big model's steps are long beside their kernel launches (unmeasured)",
-        )
+    if not host_bound(model):
+        why_not = "a big model's steps are long beside their kernel launches (unmeasured)"
     elif oldest < FULL_GRAPH_CAPABILITY:
-        mode = draft.set(
-            "cudagraph_mode",
-            "auto",
-            f"vLLM's own (FULL_AND_PIECEWISE): compute capability {oldest[0]}.{oldest[1]} runs FlashAttention 2, "
-            "which vLLM cannot graph in a step that reads a prompt",
+        why_not = (
+            f"compute capability {oldest[0]}.{oldest[1]} runs FlashAttention 2, which vLLM cannot graph in a step "
+            "that reads a prompt"
         )
+    else:
+        why_not = ""
+    if why_not:
+        mode = draft.set("cudagraph_mode", "auto", f"vLLM's own (FULL_AND_PIECEWISE): {why_not}")
     else:
         mode = draft.set(
             "cudagraph_mode",
