@@ -22,12 +22,14 @@ from pydantic import TypeAdapter, ValidationError
 from config.errors import PlanError
 from config.hardware import Hardware
 from config.model import ModelSpec
-from config.plan import PINNABLE, Plan, plan_error
+from config.plan import PINNABLE, Memory, Plan, plan_error
 from config.rules.cpu import plan_cpu
 from config.rules.gpu import plan_gpu
 from config.settings import WorkloadSettings
 
-__all__ = ["Draft", "PlanError", "coerce_pins", "make_plan"]
+__all__ = ["PINNED_BY_YOU", "Draft", "PlanError", "coerce_pins", "make_plan"]
+
+PINNED_BY_YOU = "pinned by you"
 
 
 @dataclass
@@ -43,7 +45,7 @@ class Draft:
         """Record a derived value unless the user pinned it; return the value in force."""
         if key in self.pins:
             self.values[key] = self.pins[key]
-            self.reasons[key] = f"pinned by you (planner would pick {value}: {reason})"
+            self.reasons[key] = pinned_reason(value, reason)  # in the pins' context; make_plan restates it
             return self.pins[key]
         self.values[key] = value
         self.reasons[key] = reason
@@ -58,9 +60,8 @@ def make_plan(
     served_name: str | None = None,
 ) -> Plan:
     """The plan, or PlanError naming the broken rule and the valid alternatives."""
-    draft = Draft(pins=coerce_pins(pins or {}))
-    plan_path = plan_gpu if hardware.has_gpu else plan_cpu
-    memory = plan_path(draft, hardware, model, workload)
+    draft, memory = _draft(hardware, model, workload, coerce_pins(pins or {}))
+    _explain_pins(draft, hardware, model, workload)
     try:
         return Plan(
             model=model.source,
@@ -79,6 +80,34 @@ def make_plan(
         )
     except ValidationError as err:  # the Plan's cross-field rules, in the planner's own words
         raise plan_error(err) from None
+
+
+def pinned_reason(own: Any, why: str) -> str:
+    """A pinned value's reason: what the planner would have picked, and why."""
+    return f"{PINNED_BY_YOU} (planner would pick {own}: {why})"
+
+
+def _draft(
+    hardware: Hardware, model: ModelSpec, workload: WorkloadSettings, pins: dict[str, Any]
+) -> tuple[Draft, Memory]:
+    draft = Draft(pins=pins)
+    plan_path = plan_gpu if hardware.has_gpu else plan_cpu
+    return draft, plan_path(draft, hardware, model, workload)
+
+
+def _explain_pins(draft: Draft, hardware: Hardware, model: ModelSpec, workload: WorkloadSettings) -> None:
+    """Restate each pin's reason as the planner's pick without that pin (the others kept): a rule
+    that reads a pin before it sets the value (TP, the context, the prefill chunk) would otherwise
+    report the pin as its own pick."""
+    for key in draft.pins:
+        others = {k: v for k, v in draft.pins.items() if k != key}
+        try:
+            free, _ = _draft(hardware, model, workload, others)
+        except PlanError as err:
+            draft.reasons[key] = f"{PINNED_BY_YOU} (without it there is no plan: {err})"
+            continue
+        if key in free.values:
+            draft.reasons[key] = pinned_reason(free.values[key], free.reasons[key])
 
 
 def coerce_pins(pins: dict[str, Any]) -> dict[str, Any]:

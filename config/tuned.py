@@ -21,11 +21,10 @@ from pydantic import BaseModel, Field, ValidationError
 
 from config.errors import TunedProfileError
 from config.plan import PINNABLE, Plan
-from config.planner import PlanError
+from config.planner import PINNED_BY_YOU, PlanError
 
 TUNED_DIR = "tuned"
 MAX_KEY_LEN = 120
-PINNED_BY_YOU = "pinned by you"
 
 
 class TunedProfile(BaseModel):

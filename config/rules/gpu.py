@@ -58,8 +58,8 @@ def plan_gpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
     kv_per_token = model.kv_bytes_per_token(tp, pp)
     nodes = draft.values["nodes"] if tp * pp <= gpn else 1  # replicas on every node share the users
     users_per_replica = math.ceil(workload.users / (dp * engines * nodes))
-    mnbt, mnbt_reason = prefill_chunk(workload.objective, smallest)
-    mnbt = draft.pins.get("max_num_batched_tokens", mnbt)
+    chunk, chunk_reason = prefill_chunk(workload.objective, smallest)
+    mnbt = draft.pins.get("max_num_batched_tokens", chunk)
     reserve = gpu_reserve(model, tp, pp, mnbt, draft.pins.get("max_num_seqs", 256))
     weights = weights_per_gpu(model, tp, pp)
     budget = usable - weights - reserve
@@ -68,7 +68,7 @@ def plan_gpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
     seqs_fit = max(1, kv // typical)
 
     seqs = gpu_max_num_seqs(draft, workload, seqs_fit, dp * engines, users_per_replica)
-    mnbt = gpu_max_num_batched_tokens(draft, mnbt, seqs, mnbt_reason)
+    mnbt = gpu_max_num_batched_tokens(draft, chunk, seqs, chunk_reason)  # the pin, if any, wins there
     gpu_graphs(draft, gpus, model, mnbt)
     gpu_frontend(draft, hardware, model, workload, dp, engines, routed=engines > 1 or nodes > 1)
     page_processes(draft, hardware, model, workload)

@@ -338,6 +338,25 @@ def test_context_that_does_not_fit_says_how_much_does() -> None:
         )
 
 
+def test_a_pins_reason_names_the_planners_own_pick_without_it() -> None:
+    """Rules that read a pin before setting the value (TP, context, prefill chunk) must not report
+    the pin as the planner's pick."""
+    free = plan("2xH200-nvlink")
+    pinned = plan(
+        "2xH200-nvlink",
+        pins={"tensor_parallel_size": 2, "max_model_len": 4096, "max_num_batched_tokens": 2048},
+    )
+    assert (pinned.tensor_parallel_size, pinned.max_model_len, pinned.max_num_batched_tokens) == (2, 4096, 2048)
+    for key in ("tensor_parallel_size", "max_model_len", "max_num_batched_tokens"):
+        own = getattr(free, key)
+        assert pinned.reasons[key].startswith(f"pinned by you (planner would pick {own}: ")
+    # a pin without which nothing fits says so
+    needed = plan("1xL4", "llama-3.1-8b", pins={"gpu_memory_utilization": 0.95}, context=32768)
+    assert needed.reasons["gpu_memory_utilization"].startswith(
+        "pinned by you (without it there is no plan: workload.context=32,768: the KV cache holds only"
+    )
+
+
 def test_pins_are_typed_and_unknown_pins_refused() -> None:
     p = plan("1xH200", pins={"max_num_seqs": "12", "gpu_memory_utilization": "0.5"})
     assert p.max_num_seqs == 12 and p.gpu_memory_utilization == 0.5
