@@ -38,8 +38,6 @@ DEFAULT_MAX_TOKENS = 64
 SINGLE_REQUESTS = 4
 """Requests at concurrency 1 (reported beside the target level; not used to choose)."""
 LEVEL_TIME_CAP_S = 90.0
-PRIOR_CANDIDATE_S = {"cpu": 180.0, "cuda": 200.0}
-"""Start + warm-up + measuring one candidate, before any has been timed on this machine."""
 
 
 @dataclass(frozen=True)
@@ -139,12 +137,26 @@ def _measure_levels(
     record.single = asyncio.run(measure_level(target, 1, SINGLE_REQUESTS, load))
 
 
-def candidate_estimate(spent: Sequence[float], device: str) -> float:
-    """Seconds the next candidate will take: the mean so far, else a prior for the device.
+@dataclass(frozen=True)
+class Spent:
+    """One measured candidate's time: all of it, its start-up, and the engines it started."""
 
-    The default always runs; another starts only when elapsed + this fits the budget.
+    wall_s: float
+    startup_s: float | None
+    engines: int
+
+
+def candidate_estimate(spent: Sequence[Spent], engines: int) -> float:
+    """Seconds a candidate of ``engines`` engines will take, from those measured so far.
+
+    The default always runs; another starts only when elapsed + this fits the budget. Engines
+    start one after another, so start-up scales with their count; the fastest start per engine
+    seen is used, since the first candidate also pays the cold caches (on one H200: 205 s to up
+    for two engines cold, 126 s warm, 65 s for one warm engine). Measuring and stopping: the mean.
     """
-    return sum(spent) / len(spent) if spent else PRIOR_CANDIDATE_S.get(device, PRIOR_CANDIDATE_S["cuda"])
+    per_engine = min((s.startup_s if s.startup_s is not None else s.wall_s) / max(s.engines, 1) for s in spent)
+    rest = sum(s.wall_s - (s.startup_s or s.wall_s) for s in spent) / len(spent)
+    return per_engine * engines + max(rest, 0.0)
 
 
 def _wait_port_free(host: str, port: int, timeout_s: float = 30.0) -> None:
@@ -266,7 +278,7 @@ class TuneRun:
     """time.monotonic() at the start: the clock of the progress lines and duration_s."""
     measured: list[CandidateRecord] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-    spent: list[float] = field(default_factory=list)
+    spent: list[Spent] = field(default_factory=list)
 
     def say(self, msg: str, end: str = "\n") -> None:
         print(f"[{time.monotonic() - self.t0:7.1f}s] {msg}", end=end, flush=True)
@@ -328,13 +340,14 @@ def measure_candidates(run: TuneRun) -> None:
     min_model_len = min(c.plan.max_model_len for c in chosen)
     for i, cand in enumerate(chosen, 1):
         elapsed = time.monotonic() - run.t0
-        estimate = candidate_estimate(run.spent, run.plan.device)
-        if i > 1 and elapsed + estimate > run.options.time_budget_s:
-            run.skipped = [c.name for c in chosen[i - 1 :]]
+        engines = cand.plan.total_engines
+        if run.spent and elapsed + (estimate := candidate_estimate(run.spent, engines)) > run.options.time_budget_s:
+            run.skipped.append(cand.name)
             run.say(
-                f"time budget: {elapsed:.0f} s spent, ~{estimate:.0f} s per candidate; skipped {', '.join(run.skipped)}"
+                f"time budget: {elapsed:.0f} s of {run.options.time_budget_s:.0f} s spent, ~{estimate:.0f} s for "
+                f"{cand.name} ({engines} engine{'s' if engines > 1 else ''}); skipped"
             )
-            return
+            continue
         run.say(f"{i}/{len(chosen)} {cand.name:30} ", end="")
         c0 = time.monotonic()
         _wait_port_free(run.settings.engine.host, run.port)
@@ -346,8 +359,8 @@ def measure_candidates(run: TuneRun) -> None:
             measure=run.measure,
             min_model_len=min_model_len,
         )
-        record.wall_s = round(time.monotonic() - c0, 1)
-        run.spent.append(record.wall_s)
+        record.wall_s = wall = round(time.monotonic() - c0, 1)
+        run.spent.append(Spent(wall, record.startup_s, engines))
         run.measured.append(record)
         if record.ok:
             print(
