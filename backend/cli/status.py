@@ -44,6 +44,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 where = "in rotation" if e.get("in_rotation") else "OUT of rotation"
                 health = "healthy" if e.get("answers") else "not answering"
                 print(f"  {e.get('name')}: {e.get('url')}  {where}, {health}, load {e.get('load')}")
+        if status.startup and "kv_tokens" in status.startup:
+            kv, planned = status.startup["kv_tokens"], status.startup["kv_tokens_planned"]
+            print(f"KV:      {kv:,.0f} tokens per engine, as vLLM allocated it (the plan's arithmetic: {planned:,.0f})")
         w = status.warmup
         if w is not None and not w.disabled:
             print(f"warm-up: first TTFT {w.first_ttft_s * 1000:.0f} ms, steady {w.steady_ttft_s * 1000:.0f} ms")

@@ -201,11 +201,13 @@ class Server:
         self._record_warmup(records[0] if records else WarmupRecord(disabled=True))
         if plan.routed and self.node_rank == 0 and not self._start_router(plan):
             return False
+        kv = self.engines[0].log.kv_tokens  # what vLLM allocated, against the plan's arithmetic
         self.status.startup = {
             "to_health_s": round(to_health, 1),
             "warmup_s": round(warm_s, 1),
             "total_s": round(time.monotonic() - self.t0, 1),
             **(self.engines[0].log.splits or {}),
+            **({"kv_tokens": kv, "kv_tokens_planned": plan.memory.kv_tokens} if kv is not None else {}),
         }
         if self.head:
             self.head.set_state("ready", self.base_url)

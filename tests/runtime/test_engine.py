@@ -70,6 +70,16 @@ def test_status_reports_ready_with_plan_and_demo_flag(engine: Engine) -> None:
     assert status["base_url"] == engine.base_url and status["demo"] is True
     assert "CPU engine" in status["plan_summary"] and status["plan_reasons"]["max_num_seqs"]
     assert status["startup"]["to_health_s"] > 0
+    # vLLM's own KV cache size, read from its log, beside the plan's arithmetic (exact on the CPU engine)
+    assert status["startup"]["kv_tokens"] == status["startup"]["kv_tokens_planned"] > 0
+    shown = subprocess.run(
+        [sys.executable, "-m", "backend", "status"],
+        cwd=ROOT,
+        env=backend_env(engine.run_dir),
+        capture_output=True,
+        text=True,
+    )
+    assert f"KV:      {int(status['startup']['kv_tokens']):,} tokens per engine" in shown.stdout, shown.stdout
 
 
 def test_warmup_record_has_first_against_steady_ttft(engine: Engine) -> None:
