@@ -211,7 +211,7 @@ class Server:
         }
         if self.head:
             self.head.set_state("ready", self.base_url)
-        self.update("ready", f"ready: {plan.summary()}", 1.0)
+        self.update("ready", plan.summary(), 1.0)
         self.display.done()
         return True
 

