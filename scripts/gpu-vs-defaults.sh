@@ -11,6 +11,10 @@
 # PROFILE=1: after each server's levels, 6 more runs of each level while `top` samples every
 # process's CPU, py-spy records each engine core (raw stacks: NAME-cC-pyspy-*.txt) and nvidia-smi
 # the GPU's use.
+# TRACE=1: the plan's (and the variant's) engines start with vLLM's torch profiler configured
+# (`--profiler-config`, VLLM_CUSTOM_SCOPES_FOR_PROFILING=1; off until asked); after the levels,
+# under TRACE_LEVEL (128) concurrent, every engine records TRACE_STEPS (40) steps at once after 20
+# more: NAME-trace/*.pt.trace.json.gz, read by scripts/trace_summary.py (NAME-trace.jsonl, .png).
 #   OUT=/tmp/r REPEATS=3 LEVELS="128 256" bash scripts/gpu-vs-defaults.sh [serve flags...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,12 +23,15 @@ REPEATS=${REPEATS:-3}
 read -ra LV <<< "${LEVELS:-128 256}"
 
 project() {  # NAME serve-flags...: the project's plan as `serve` starts it, measured, stopped
-  local name=$1; shift
-  if start_backend "$RES/$name-serve.log" "^ready:" serve --model demo --users 256 "$@"; then
+  local name=$1 extra=${ERNIECHAT_ENGINE__EXTRA_ARGS:-[]} scopes=0; shift
+  if [ "${TRACE:-0}" = 1 ]; then extra=$(profiler_args "$extra" "$RES/$name-trace"); scopes=1; fi
+  if ERNIECHAT_ENGINE__EXTRA_ARGS=$extra VLLM_CUSTOM_SCOPES_FOR_PROFILING=$scopes \
+    start_backend "$RES/$name-serve.log" "^ready:" serve --model demo --users 256 "$@"; then
     $G status --json > "$RES/$name-status.json"
     nvidia-smi > "$RES/$name-nvidia-smi.txt" 2>&1  # under MPS: its server holds the GPU, the engines are its clients
     vbench "$name" http://127.0.0.1:8000 demo $(levels "$REPEATS" "${LV[@]}")
     [ "${PROFILE:-0}" = 1 ] && profile "$name" http://127.0.0.1:8000 demo
+    [ "${TRACE:-0}" = 1 ] && trace "$name"
   fi
   cp -r /tmp/erniechat-run/mps-log "$RES/$name-mps-log" 2>/dev/null
   gpu_clean; save_results
@@ -52,6 +59,43 @@ profile() {  # NAME URL SERVED: where the time goes at each measured level (6 ru
     top -b -d 1 -n 6 -w 250 -c > "$RES/$name-c$c-top.txt" 2>&1
     wait "${pids[@]}"  # not serve's own job
   done
+}
+
+profiler_args() {  # EXTRA_ARGS DIR: the engines' extra args (a JSON list) and vLLM's torch profiler writing to DIR
+  python3 -c 'import json, sys
+config = {"profiler": "torch", "torch_profiler_dir": sys.argv[2], "torch_profiler_with_stack": False,
+          "ignore_frontend": True, "delay_iterations": 20, "max_iterations": int(sys.argv[3])}
+print(json.dumps(json.loads(sys.argv[1]) + ["--profiler-config", json.dumps(config)]))' "$1" "$2" "${TRACE_STEPS:-40}"
+}
+
+trace() {  # NAME: every engine of the running plan records its steps at once, under load, then the summary
+  local name=$1 c=${TRACE_LEVEL:-128} urls load
+  urls=$(python3 -c 'import json, sys
+s = json.load(open(sys.argv[1]))
+print(" ".join(e["url"] for e in s.get("engines") or []) or s["base_url"].removesuffix("/v1"))' "$RES/$name-status.json")
+  vbench "$name-trace" http://127.0.0.1:8000 demo "$c:t1" "$c:t2" "$c:t3" &
+  load=$!
+  for _ in $(seq 120); do grep -q "^$name-trace *c= *$c run t1:" "$RES/summary.txt" 2>/dev/null && break; sleep 0.5; done
+  post_all /start_profile $urls
+  wait "$load"  # not serve's own job
+  post_all /stop_profile $urls
+  sleep 5  # the last trace is written as the profiler stops
+  ls -la "$RES/$name-trace" > "$RES/$name-trace-files.txt" 2>&1
+  python3 scripts/trace_summary.py --png "$RES/$name-trace.png" "$RES/$name-trace"/*.pt.trace.json* \
+    > "$RES/$name-trace.jsonl" 2>&1
+  cat "$RES/$name-trace.jsonl" | cut -c1-600
+}
+
+post_all() {  # PATH URL...: POST PATH to every URL at once (each engine's own API server)
+  python3 -c 'import sys, threading, urllib.request as u
+def post(url):
+    try:
+        u.urlopen(u.Request(url + sys.argv[1], method="POST"), timeout=120)
+    except OSError as err:
+        print(f"{url}{sys.argv[1]}: {err}")
+ts = [threading.Thread(target=post, args=(x,)) for x in sys.argv[2:]]
+[t.start() for t in ts]
+[t.join() for t in ts]' "$@"
 }
 
 gpu_begin
