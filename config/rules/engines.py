@@ -14,6 +14,7 @@ big model keeps one engine per GPU group. Where NVIDIA's MPS is installed the en
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from config.errors import PlanError
@@ -83,6 +84,11 @@ def gpu_engines(
     mps = uses_mps(draft, hardware)
     min_users, measured = (SHARED_MIN_USERS_MPS, MPS_MEASURED) if mps else (SHARED_MIN_USERS, SHARED_MEASURED)
     per_group_cores = cores // max(groups, 1)
+    # The thresholds were measured as load on one GPU: the router spreads the users over every group
+    # (on every node, when each node runs its own replicas).
+    all_groups = max(groups, 1) * (hardware.nodes if world <= hardware.gpus_per_node else 1)
+    users = math.ceil(workload.users / all_groups)
+    per_gpu = f"{users} users per GPU ({workload.users} over {all_groups} GPUs)" if all_groups > 1 else f"{users} users"
     fit = min(MAX_ENGINES_PER_GPU, per_group_cores // CORES_PER_ENGINE)
     if world > 1:
         n, why = 1, "one engine per GPU group: the group's GPUs are joined by TP/PP"
@@ -97,10 +103,10 @@ def gpu_engines(
             1,
             f"one engine per GPU: {per_group_cores} host cores per GPU feed one engine ({CORES_PER_ENGINE} each)",
         )
-    elif workload.users < min_users:
+    elif users < min_users:
         n, why = (
             1,
-            f"one engine per GPU for {workload.users} users: {fit} would share it from {min_users} users ({measured})",
+            f"one engine per GPU for {per_gpu}: {fit} would share it from {min_users} users per GPU ({measured})",
         )
     else:
         n, why = (

@@ -538,6 +538,17 @@ def test_engines_per_gpu_default_two_on_a_big_gpu_for_a_small_model_under_load_o
     assert plan("2xH200-nvlink", users=256, pins={"tensor_parallel_size": "2"}).engines_per_gpu == 1
 
 
+def test_engines_share_a_gpu_by_the_users_each_gpu_gets_not_all_users() -> None:
+    """The thresholds were measured as load on one GPU (two engines 0.91x one at 32 concurrent, 1.09x at
+    64); the router spreads the users over every GPU."""
+    spread = plan("8xH200-nvlink", users=256)
+    assert spread.engines_per_gpu == 1, "32 users per GPU: two engines would lose"
+    assert "for 32 users per GPU (256 over 8 GPUs)" in spread.reasons["engines_per_gpu"]
+    assert plan("8xH200-nvlink", users=512).engines_per_gpu == 2
+    assert plan("2xH200-nvlink", users=128).engines_per_gpu == 2
+    assert plan("2xH200-nvlink", users=64).engines_per_gpu == 1
+
+
 def test_a_memory_split_that_cannot_hold_the_model_is_refused_before_launch() -> None:
     with pytest.raises(PlanError, match=r"engines_per_gpu=8: each engine gets"):
         plan("1xL4", name="llama-3.1-8b", pins={"engines_per_gpu": "8"})
