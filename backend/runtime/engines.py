@@ -21,6 +21,32 @@ from backend.runtime.process import EngineProcess
 ENGINE_CORE_TITLE = "VLLM::EngineCor"  # vLLM's process title "VLLM::EngineCore…", as Linux keeps 15 chars
 
 
+def start_waves(engine_count: int, engines_per_gpu: int, device: str) -> list[list[int]]:
+    """The order in which a plan's servers start: engine 0 alone, then waves of engines that share no
+    GPU, each wave healthy and warmed before the next starts.
+
+    Engines sharing a GPU start one after another: vLLM sizes its KV cache from the GPU's free memory,
+    and with both engines started first and warmed after, the second engine's first request never
+    answered on an H200 (BENCHMARKS.md, "Several engines on one GPU"). Engines on different GPUs
+    start together, after engine 0, which fills vLLM's compile cache for them: on 8 GPUs with two
+    engines each that is three waves instead of sixteen starts. A CPU engine shares its one device.
+    """
+    if device != "cuda" or engine_count <= 1:
+        return [[i] for i in range(engine_count)]
+    per_gpu = max(engines_per_gpu, 1)
+    rest = [i for i in range(1, engine_count)]
+    waves: list[list[int]] = [[0]]
+    while rest:
+        wave, gpus = [], set()
+        for i in rest:
+            if i // per_gpu not in gpus:
+                wave.append(i)
+                gpus.add(i // per_gpu)
+        waves.append(wave)
+        rest = [i for i in rest if i not in wave]
+    return waves
+
+
 class Engine:
     """One vLLM OpenAI-compatible server and what is known of it."""
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,7 +31,7 @@ from backend.engine_api import engine_url
 from backend.errors import EngineStartError
 from backend.runtime.cluster import Head
 from backend.runtime.display import DEMO_BANNER, Display
-from backend.runtime.engines import ENGINE_CORE_TITLE, Engine
+from backend.runtime.engines import ENGINE_CORE_TITLE, Engine, start_waves
 from backend.runtime.logwatch import Phase
 from backend.runtime.mps import MpsDaemon
 from backend.runtime.node_identity import core_share, head_ip, is_loopback, model_fingerprint, vllm_version
@@ -90,10 +92,15 @@ class Server:
         self.resolved: ResolvedModel | None = None
         self.t0 = time.monotonic()
         self.display = Display(self.t0)
+        self._updating = threading.Lock()
         self._checked_router = 0.0
 
     # -- status --------------------------------------------------------------------------
     def update(self, state: str | None = None, detail: str | None = None, progress: float | None = None) -> None:
+        with self._updating:  # warm-ups of several engines report from their own threads
+            self._update(state, detail, progress)
+
+    def _update(self, state: str | None, detail: str | None, progress: float | None) -> None:
         if state:
             self.status.state = state  # type: ignore[assignment]
         if detail is not None:
@@ -173,22 +180,27 @@ class Server:
                     f"of your own (pipe {self.mps.pipe_dir})"
                 )
                 self.status.notes.append("the engines share each GPU through MPS (gpu_sharing=mps)")
-            # One after another, each healthy and warmed before the next starts (BENCHMARKS.md, "Several
-            # engines on one GPU"): with every engine started first and warmed after, the second
-            # engine's first request never answered on an H200.
-            for i, engine in enumerate(self.engines):
+            # Engines sharing a GPU one after another, each healthy and warmed before the next starts;
+            # engines on different GPUs together (start_waves).
+            for wave in start_waves(plan.engine_count, plan.engines_per_gpu, plan.device):
                 launch = time.monotonic()
-                self.say(f"{engine.name}: " + " ".join(engine.argv))
-                engine.start()
-                if i == 0:
-                    self.status.engine_pid = engine.pid
-                self.update("starting", f"launching vLLM ({engine.name})" if plan.routed else "launching vLLM", 0.04)
-                engine.wait_healthy(plan.served_name, e.api_key, e.start_timeout_s, self._on_phase, self._node_problem)
-                self._lower_engine_core(engine, plan)
+                started = [self.engines[i] for i in wave]
+                for engine in started:
+                    self.say(f"{engine.name}: " + " ".join(engine.argv))
+                    engine.start()
+                if wave[0] == 0:
+                    self.status.engine_pid = started[0].pid
+                names = ", ".join(engine.name for engine in started)
+                self.update("starting", f"launching vLLM ({names})" if plan.routed else "launching vLLM", 0.04)
+                for engine in started:
+                    engine.wait_healthy(
+                        plan.served_name, e.api_key, e.start_timeout_s, self._on_phase, self._node_problem
+                    )
+                    self._lower_engine_core(engine, plan)
                 to_health += time.monotonic() - launch
                 warm_t0 = time.monotonic()
                 if e.warmup:
-                    records.append(self._warm(engine, plan))
+                    records += self._warm_together(started, plan)
                 warm_s += time.monotonic() - warm_t0
         except EngineStartError as err:
             self._stop_engines()
@@ -319,6 +331,17 @@ class Server:
                 f"{record.requests} requests in {record.duration_s:.1f} s"
                 + (f", on each of {len(self.engines)} engines" if self.planned.plan.routed else "")
             )
+
+    def _warm_together(self, engines: list[Engine], plan: Plan) -> list[WarmupRecord]:
+        """Warm engines that share no GPU at the same time (each warm-up its own thread and loop); one
+        engine in this thread, so Ctrl-C stops it at once."""
+        if len(engines) == 1:
+            return [self._warm(engines[0], plan)]
+        pool = ThreadPoolExecutor(max_workers=len(engines), thread_name_prefix="warm-up")
+        try:
+            return list(pool.map(lambda engine: self._warm(engine, plan), engines))
+        finally:  # on a failure or Ctrl-C the engines are stopped next, which ends the other warm-ups
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _warm(self, engine: Engine, plan: Plan) -> WarmupRecord:
         self.update("warming", "warming up", 0.92)

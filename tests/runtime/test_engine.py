@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import re
@@ -25,10 +26,15 @@ from backend.engine_api import KINDS, ChatResult, chat, fetch_metrics, total
 from backend.errors import EngineStartError
 from backend.measure.prompts import prompt_of
 from backend.runtime import mps
+from backend.runtime.display import Display
+from backend.runtime.engines import Engine as RuntimeEngine
+from backend.runtime.engines import start_waves
 from backend.runtime.logwatch import FATALS, LogState
 from backend.runtime.process import free_port, group_processes
-from backend.runtime.serve import ENGINE_CORE_TITLE
+from backend.runtime.rundir import RunDir
+from backend.runtime.serve import ENGINE_CORE_TITLE, Server
 from backend.runtime.status import read_status
+from config.settings import load_settings
 
 
 def group_gone(pgid: int, timeout: float = 30) -> bool:
@@ -94,6 +100,38 @@ def test_warmup_record_has_first_against_steady_ttft(engine: Engine) -> None:
     page = record["by_kind"]["chat/stream/sampled"]
     assert (record["first_ttft_s"], record["steady_ttft_s"]) == (page["first_ttft_s"], page["steady_ttft_s"])
     assert record["prompt_tokens"]["long"] > record["prompt_tokens"]["medium"] > record["prompt_tokens"]["short"]
+
+
+def test_engines_on_different_gpus_warm_together(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm-up of a wave of engines that share no GPU, for real: the session's engine warmed twice at
+    once (as two engines on two GPUs would be); both records whole, the status written from both threads."""
+    for name in list(os.environ):
+        if name.startswith("ERNIECHAT_"):
+            monkeypatch.delenv(name)
+    plan = RunDir(engine.run_dir).plan()
+    assert plan is not None
+    settings = load_settings({"engine.run_dir": str(tmp_path), "engine.port": engine.port, "workload.users": 2})
+    server = Server(settings, say=lambda _msg: None)
+    server.display = Display(server.t0, stream=io.StringIO())
+    twins = [
+        RuntimeEngine(f"engine {i}", [], {}, tmp_path / f"engine-{i}.log", tmp_path, "127.0.0.1", engine.port)
+        for i in (0, 1)
+    ]
+    records = server._warm_together(twins, plan)
+    assert len(records) == 2 and all(r.requests >= 10 and r.first_ttft_s > 0 for r in records), records
+    written = read_status(tmp_path)
+    assert written is not None and written.state == "warming"
+
+
+def test_start_waves_put_engines_that_share_a_gpu_in_turn_and_the_others_together() -> None:
+    assert start_waves(16, 2, "cuda") == [[0], [1, 2, 4, 6, 8, 10, 12, 14], [3, 5, 7, 9, 11, 13, 15]]
+    assert start_waves(4, 2, "cuda") == [[0], [1, 2], [3]]
+    assert start_waves(2, 2, "cuda") == [[0], [1]]
+    assert start_waves(4, 1, "cuda") == [[0], [1, 2, 3]], "engine 0 alone first: it fills the compile cache"
+    assert start_waves(2, 2, "cpu") == [[0], [1]], "CPU engines share the one CPU"
+    assert start_waves(1, 1, "cuda") == [[0]]
 
 
 def test_engine_core_runs_at_low_priority_and_the_rest_at_normal(engine: Engine) -> None:
