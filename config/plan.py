@@ -290,6 +290,15 @@ def _cross_field_problems(plan: Plan) -> list[str]:
                 "device=cpu with cudagraph_mode or max_cudagraph_capture_size: CUDA graphs are a GPU engine's; "
                 "valid on a CPU plan: cudagraph_mode=auto, max_cudagraph_capture_size=0"
             )
+        if plan.api_server_count != 1:
+            out.append(
+                f"device=cpu with api_server_count={plan.api_server_count}: the CPU engine starts through vLLM's "
+                "api_server module, which runs one API server process; valid on a CPU plan: 1"
+            )
+        if plan.async_scheduling:
+            out.append(
+                "device=cpu with async_scheduling=true: the CPU engine does not support it; valid on a CPU plan: false"
+            )
     else:
         if len(set(plan.gpus)) != len(plan.gpus):
             out.append(f"gpus={plan.gpus}: a GPU plan names each GPU it uses on a node once; re-plan with `plan`")

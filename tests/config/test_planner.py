@@ -321,6 +321,16 @@ def test_small_models_on_hopper_graph_whole_steps_up_to_1024_tokens_vllm_decides
         plan("cpu-only", pins={"cudagraph_mode": "FULL"})
 
 
+def test_a_cpu_plan_refuses_pins_its_engine_would_not_run() -> None:
+    """The CPU engine starts through vLLM's api_server module (one API server process) and without
+    async scheduling: such pins were shown in the plan and never reached the engine."""
+    with pytest.raises(PlanError, match=r"device=cpu with api_server_count=2: .* one API server process; valid .*: 1"):
+        plan("cpu-only", pins={"api_server_count": 2})
+    with pytest.raises(PlanError, match=r"device=cpu with async_scheduling=true: .* valid on a CPU plan: false"):
+        plan("cpu-only", pins={"async_scheduling": True})
+    assert "--api-server-count" not in engine_flags(plan("cpu-only"))
+
+
 def test_objectives_differ_in_batching() -> None:
     lat = plan("1xH200", objective="latency", users=64)
     thr = plan("1xH200", objective="throughput", users=64)
