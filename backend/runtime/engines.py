@@ -34,7 +34,7 @@ def start_waves(engine_count: int, engines_per_gpu: int, device: str) -> list[li
     if device != "cuda" or engine_count <= 1:
         return [[i] for i in range(engine_count)]
     per_gpu = max(engines_per_gpu, 1)
-    rest = [i for i in range(1, engine_count)]
+    rest = list(range(1, engine_count))
     waves: list[list[int]] = [[0]]
     while rest:
         wave, gpus = [], set()

@@ -84,8 +84,8 @@ def gpu_engines(
     mps = uses_mps(draft, hardware)
     min_users, measured = (SHARED_MIN_USERS_MPS, MPS_MEASURED) if mps else (SHARED_MIN_USERS, SHARED_MEASURED)
     per_group_cores = cores // max(groups, 1)
-    # The thresholds were measured as load on one GPU: the router spreads the users over every group
-    # (on every node, when each node runs its own replicas).
+    # The thresholds were measured as load on one GPU; the users are spread over every GPU group (on
+    # every node, when each node runs its own replicas).
     all_groups = max(groups, 1) * (hardware.nodes if world <= hardware.gpus_per_node else 1)
     users = math.ceil(workload.users / all_groups)
     per_gpu = f"{users} users per GPU ({workload.users} over {all_groups} GPUs)" if all_groups > 1 else f"{users} users"
