@@ -76,17 +76,18 @@ def gpu_engines(
     weights: int,
     world: int,
     groups: int,
+    nodes: int,
     smallest: GPUInfo,
 ) -> int:
     """Set engines_per_gpu for a GPU plan: two on a big GPU for a small model under heavy load
-    when the host has the cores for them, else one."""
+    when the host has the cores for them, else one. ``groups``: GPU groups on a node; ``nodes``:
+    the nodes whose groups share the users (each node running its own replicas), else 1."""
     cores = hardware.node.cpu_cores
     mps = uses_mps(draft, hardware)
     min_users, measured = (SHARED_MIN_USERS_MPS, MPS_MEASURED) if mps else (SHARED_MIN_USERS, SHARED_MEASURED)
     per_group_cores = cores // max(groups, 1)
-    # The thresholds were measured as load on one GPU; the users are spread over every GPU group (on
-    # every node, when each node runs its own replicas).
-    all_groups = max(groups, 1) * (hardware.nodes if world <= hardware.gpus_per_node else 1)
+    # The thresholds were measured as load on one GPU; the users are spread over every GPU group.
+    all_groups = max(groups, 1) * nodes
     users = math.ceil(workload.users / all_groups)
     per_gpu = f"{users} users per GPU ({workload.users} over {all_groups} GPUs)" if all_groups > 1 else f"{users} users"
     fit = min(MAX_ENGINES_PER_GPU, per_group_cores // CORES_PER_ENGINE)

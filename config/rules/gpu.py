@@ -49,14 +49,14 @@ def plan_gpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
         draft, hardware, model, workload, usable, gpn, mnbt_guess, seqs_guess, min_tokens, smallest
     )
     dp = choose_replicas(draft, hardware, tp, pp, gpn)
-    engines = gpu_engines(draft, hardware, workload, weights_per_gpu(model, tp, pp), tp * pp, dp, smallest)
+    nodes = draft.values["nodes"] if tp * pp <= gpn else 1  # replicas on every node share the users
+    engines = gpu_engines(draft, hardware, workload, weights_per_gpu(model, tp, pp), tp * pp, dp, nodes, smallest)
     gpu_sharing(draft, hardware, engines)
     if engines > 1:
         usable = share_memory(draft, engines, smallest, weights_per_gpu(model, tp, pp))
 
     # Memory arithmetic at the chosen split, per engine.
     kv_per_token = model.kv_bytes_per_token(tp, pp)
-    nodes = draft.values["nodes"] if tp * pp <= gpn else 1  # replicas on every node share the users
     users_per_replica = math.ceil(workload.users / (dp * engines * nodes))
     chunk, chunk_reason = prefill_chunk(workload.objective, smallest)
     mnbt = draft.pins.get("max_num_batched_tokens", chunk)
