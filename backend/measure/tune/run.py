@@ -145,6 +145,11 @@ class Spent:
     startup_s: float | None
     engines: int
 
+    @property
+    def start_s(self) -> float:
+        """Its start-up; all of it when the start failed (no start-up measured)."""
+        return self.wall_s if self.startup_s is None else self.startup_s
+
 
 def candidate_estimate(spent: Sequence[Spent], engines: int) -> float:
     """Seconds a candidate of ``engines`` engines will take, from those measured so far.
@@ -154,8 +159,8 @@ def candidate_estimate(spent: Sequence[Spent], engines: int) -> float:
     seen is used, since the first candidate also pays the cold caches (on one H200: 205 s to up
     for two engines cold, 126 s warm, 65 s for one warm engine). Measuring and stopping: the mean.
     """
-    per_engine = min((s.startup_s if s.startup_s is not None else s.wall_s) / max(s.engines, 1) for s in spent)
-    rest = sum(s.wall_s - (s.startup_s or s.wall_s) for s in spent) / len(spent)
+    per_engine = min(s.start_s / max(s.engines, 1) for s in spent)
+    rest = sum(s.wall_s - s.start_s for s in spent) / len(spent)
     return per_engine * engines + max(rest, 0.0)
 
 
