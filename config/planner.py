@@ -45,7 +45,7 @@ class Draft:
         """Record a derived value unless the user pinned it; return the value in force."""
         if key in self.pins:
             self.values[key] = self.pins[key]
-            self.reasons[key] = pinned_reason(value, reason)  # in the pins' context; make_plan restates it
+            self.reasons[key] = PINNED_BY_YOU  # make_plan adds the planner's own pick without the pin
             return self.pins[key]
         self.values[key] = value
         self.reasons[key] = reason
@@ -82,11 +82,6 @@ def make_plan(
         raise plan_error(err) from None
 
 
-def pinned_reason(own: Any, why: str) -> str:
-    """A pinned value's reason: what the planner would have picked, and why."""
-    return f"{PINNED_BY_YOU} (planner would pick {own}: {why})"
-
-
 def _draft(
     hardware: Hardware, model: ModelSpec, workload: WorkloadSettings, pins: dict[str, Any]
 ) -> tuple[Draft, Memory]:
@@ -107,7 +102,7 @@ def _explain_pins(draft: Draft, hardware: Hardware, model: ModelSpec, workload: 
             draft.reasons[key] = f"{PINNED_BY_YOU} (without it there is no plan: {err})"
             continue
         if key in free.values:
-            draft.reasons[key] = pinned_reason(free.values[key], free.reasons[key])
+            draft.reasons[key] = f"{PINNED_BY_YOU} (planner would pick {free.values[key]}: {free.reasons[key]})"
 
 
 def coerce_pins(pins: dict[str, Any]) -> dict[str, Any]:
