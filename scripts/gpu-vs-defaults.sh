@@ -45,7 +45,7 @@ profile() {  # NAME URL SERVED: where the time goes at each measured level (6 ru
     pids=()
     vbench "$name-prof" "$url" "$served" "$c:p1" "$c:p2" "$c:p3" "$c:p4" "$c:p5" "$c:p6" &
     pids+=($!)
-    for _ in $(seq 120); do grep -q "^$name-prof *c= *$c run p1:" "$RES/summary.txt" 2>/dev/null && break; sleep 0.5; done
+    wait_run "$name-prof" "$c" p1
     ps -eo pid,nlwp,args | grep -E "VLLM|vllm|router" | grep -v grep | cut -c1-200 > "$RES/$name-c$c-procs.txt"
     i=0
     for pid in $(pgrep -f "EngineCore|VLLM::Worker"); do
@@ -59,6 +59,10 @@ profile() {  # NAME URL SERVED: where the time goes at each measured level (6 ru
     top -b -d 1 -n 6 -w 250 -c > "$RES/$name-c$c-top.txt" 2>&1
     wait "${pids[@]}"  # not serve's own job
   done
+}
+
+wait_run() {  # NAME C RUN: until vbench's line for that run is in summary.txt (at most 60 s): the load is on
+  for _ in $(seq 120); do grep -q "^$1 *c= *$2 run $3:" "$RES/summary.txt" 2>/dev/null && return; sleep 0.5; done
 }
 
 profiler_args() {  # EXTRA_ARGS DIR: the engines' extra args (a JSON list) and vLLM's torch profiler writing to DIR
@@ -75,7 +79,7 @@ s = json.load(open(sys.argv[1]))
 print(" ".join(e["url"] for e in s.get("engines") or []) or s["base_url"].removesuffix("/v1"))' "$RES/$name-status.json")
   vbench "$name-trace" http://127.0.0.1:8000 demo "$c:t1" "$c:t2" "$c:t3" &
   load=$!
-  for _ in $(seq 120); do grep -q "^$name-trace *c= *$c run t1:" "$RES/summary.txt" 2>/dev/null && break; sleep 0.5; done
+  wait_run "$name-trace" "$c" t1
   post_all /start_profile $urls
   wait "$load"  # not serve's own job
   post_all /stop_profile $urls
