@@ -5,17 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.services import clear_settings_env
 
 from config.settings import SettingsError, load_settings
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import os
-
-    for name in list(os.environ):
-        if name.startswith("ERNIECHAT_"):
-            monkeypatch.delenv(name)
+    clear_settings_env(monkeypatch)
     monkeypatch.chdir(tmp_path)
 
 

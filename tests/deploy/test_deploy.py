@@ -9,7 +9,6 @@ except the lines that pick the engine.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support.services import ROOT
+from support.services import ROOT, clear_settings_env
 
 from backend.page.auth import exposed_without_login
 from config.settings import load_settings
@@ -61,8 +60,7 @@ def test_the_gpu_containerfile_is_the_cpu_one_but_for_the_engine() -> None:
 
 
 def test_the_image_settings_are_real_keys_and_expose_the_page(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [n for n in os.environ if n.startswith("ERNIECHAT_")]:
-        monkeypatch.delenv(name)
+    clear_settings_env(monkeypatch)
     for key, value in image_env(DEPLOY / "Containerfile").items():
         monkeypatch.setenv(key, value)
     s = load_settings()  # an unknown ERNIECHAT_ key would raise here
@@ -107,8 +105,7 @@ def test_compose_file(monkeypatch: pytest.MonkeyPatch) -> None:
         "ERNIECHAT_APP__USERS",
         "ERNIECHAT_APP__AUTH_SECRET",
     } <= set(env)
-    for name in [n for n in os.environ if n.startswith("ERNIECHAT_")]:
-        monkeypatch.delenv(name)
+    clear_settings_env(monkeypatch)
     for key, value in {**image_env(DEPLOY / "Containerfile"), **env}.items():
         monkeypatch.setenv(key, value)
     s = load_settings()
@@ -119,8 +116,7 @@ def test_compose_file(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_env_file_example_refuses_until_filled_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [n for n in os.environ if n.startswith("ERNIECHAT_")]:
-        monkeypatch.delenv(name)
+    clear_settings_env(monkeypatch)
     pairs = {**image_env(DEPLOY / "Containerfile")}
     for line in (DEPLOY / "erniechat.env.example").read_text().splitlines():
         if line and not line.startswith("#"):

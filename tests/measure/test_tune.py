@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.services import ROOT, Engine, backend_env
+from support.services import ROOT, Engine, backend_env, clear_settings_env
 
 from backend.measure.tune.run import Spent, candidate_estimate
 from config.hardware import load_profile
@@ -75,9 +75,7 @@ def test_tune_dry_run_lists_candidates_without_starting_engines(tmp_path: Path) 
 
 # -- tuned profiles -------------------------------------------------------------------------------
 def settings_for(run_dir: Path, monkeypatch: pytest.MonkeyPatch, **flat: Any) -> Settings:
-    for name in list(__import__("os").environ):
-        if name.startswith("ERNIECHAT_"):
-            monkeypatch.delenv(name)
+    clear_settings_env(monkeypatch)
     monkeypatch.chdir(run_dir)  # no erniechat.toml here
     base = {"model.id": str(ERNIE), "engine.hardware": "cpu-only", "engine.run_dir": str(run_dir)}
     return load_settings({**base, **flat})

@@ -27,7 +27,7 @@ import pytest
 from support.app_client import FOOTER, ChatClient, footer_of
 from support.held import held, open_streams, wait_for_streams
 from support.page import page_processes
-from support.services import ABANDONED_REPLY_S, BackendProcess, Engine, backend_env
+from support.services import ABANDONED_REPLY_S, BackendProcess, Engine, backend_env, clear_settings_env
 from support.waiting import group_gone, until_async
 
 from backend.engine_api import ChatResult, fetch_metrics, total
@@ -246,8 +246,7 @@ def test_up_hands_the_page_the_same_settings(tmp_path: Path, monkeypatch: pytest
             "app.users": {"ann": "pw"},
         }
     )
-    for key in [k for k in os.environ if k.startswith("ERNIECHAT_")]:
-        monkeypatch.delenv(key)
+    clear_settings_env(monkeypatch)
     for key, value in settings_env(mine).items():
         monkeypatch.setenv(key, value)
     assert load_settings() == mine

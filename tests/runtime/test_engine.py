@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.services import ROOT, BackendProcess, Engine, backend_env
+from support.services import ROOT, BackendProcess, Engine, backend_env, clear_settings_env
 
 from backend.engine_api import KINDS, ChatResult, chat, fetch_metrics, total
 from backend.errors import EngineStartError
@@ -107,9 +107,7 @@ def test_engines_on_different_gpus_warm_together(
 ) -> None:
     """The warm-up of a wave of engines that share no GPU, for real: the session's engine warmed twice at
     once (as two engines on two GPUs would be); both records whole, the status written from both threads."""
-    for name in list(os.environ):
-        if name.startswith("ERNIECHAT_"):
-            monkeypatch.delenv(name)
+    clear_settings_env(monkeypatch)
     plan = RunDir(engine.run_dir).plan()
     assert plan is not None
     settings = load_settings({"engine.run_dir": str(tmp_path), "engine.port": engine.port, "workload.users": 2})

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_PYTHON = os.environ.get("ENGINE_PYTHON", str(ROOT / ".venv-engine" / "bin" / "python"))
 DEMO_DIR = Path(os.environ.get("ERNIECHAT_TEST_DEMO_DIR", ROOT / ".run" / "test-demo-model"))
@@ -37,9 +39,19 @@ def run_backend(run_dir: Path, *args: str, timeout: float = 300) -> subprocess.C
     )
 
 
+SETTINGS_ENV_PREFIX = "ERNIECHAT_"
+"""The settings' environment variables: the shell that runs the tests must not set any test's."""
+
+
+def clear_settings_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No settings variable of the shell running the tests reaches ``load_settings`` in this test."""
+    for name in [n for n in os.environ if n.startswith(SETTINGS_ENV_PREFIX)]:
+        monkeypatch.delenv(name)
+
+
 def backend_env(run_dir: Path, **extra: str) -> dict[str, str]:
     """Environment for a ``python -m backend`` child: its own run dir, the shared demo model."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ERNIECHAT_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_ENV_PREFIX)}
     env.update(
         PYTHONPATH=str(ROOT),
         PYTHONUNBUFFERED="1",
