@@ -7,6 +7,9 @@ API is up, ``/health`` answers and ``/v1/models`` lists the model.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +22,8 @@ from backend.runtime.logwatch import LogState, Phase
 from backend.runtime.process import EngineProcess
 
 ENGINE_CORE_TITLE = "VLLM::EngineCor"  # vLLM's process title "VLLM::EngineCore…", as Linux keeps 15 chars
+IPC_DIR_PREFIX = "erniechat-ipc-"
+"""An engine's own directory for vLLM's ZeroMQ sockets (``VLLM_RPC_BASE_PATH``), removed when it stops."""
 
 
 def start_waves(engine_count: int, engines_per_gpu: int, device: str) -> list[list[int]]:
@@ -60,6 +65,7 @@ class Engine:
         self.log = LogState()
         self._offset = 0
         self.restarts = 0
+        self.ipc_dir: Path | None = None
 
     @property
     def base_url(self) -> str:
@@ -74,14 +80,19 @@ class Engine:
         return self.process.pid
 
     def start(self) -> None:
+        """Start the process, its IPC sockets in a directory of its own: vLLM leaves its ZeroMQ
+        socket files behind in /tmp (7 for each CPU engine start), and ``stop`` removes this one."""
         self.log = LogState()
         self._offset = 0
+        base = self.env.get("VLLM_RPC_BASE_PATH") or os.environ.get("VLLM_RPC_BASE_PATH")
+        self.ipc_dir = Path(tempfile.mkdtemp(prefix=IPC_DIR_PREFIX, dir=base))
+        env = {**self.env, "VLLM_RPC_BASE_PATH": str(self.ipc_dir)}
+        self.process = EngineProcess(self.argv, env, self.log_path, cwd=self.cwd)
         self.process.start()
 
     def restart(self) -> None:
         """A fresh process with the same command line (after it died)."""
-        self.process.stop()
-        self.process = EngineProcess(self.argv, self.env, self.log_path, cwd=self.cwd)
+        self.stop()
         self.restarts += 1
         self.start()
 
@@ -90,6 +101,9 @@ class Engine:
 
     def stop(self) -> None:
         self.process.stop()
+        if self.ipc_dir:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+            self.ipc_dir = None
 
     def tail(self, n: int = 8) -> str:
         return self.process.tail(n)

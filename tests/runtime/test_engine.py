@@ -27,8 +27,8 @@ from backend.errors import EngineStartError
 from backend.measure.prompts import prompt_of
 from backend.runtime import mps
 from backend.runtime.display import Display
+from backend.runtime.engines import IPC_DIR_PREFIX, start_waves
 from backend.runtime.engines import Engine as RuntimeEngine
-from backend.runtime.engines import start_waves
 from backend.runtime.logwatch import FATALS, LogState
 from backend.runtime.process import free_port, group_processes
 from backend.runtime.rundir import RunDir
@@ -46,6 +46,14 @@ def group_gone(pgid: int, timeout: float = 30) -> bool:
             return True
         time.sleep(0.3)
     return False
+
+
+def ipc_dir_of(pid: int) -> Path:
+    """Where the engine process ``pid`` keeps vLLM's ZeroMQ sockets; they must be there, not in /tmp."""
+    env = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
+    path = Path(env["VLLM_RPC_BASE_PATH"])
+    assert path.name.startswith(IPC_DIR_PREFIX) and any(p.is_socket() for p in path.iterdir()), path
+    return path
 
 
 def test_start_goes_through_the_states_and_prints_ready(engine: Engine) -> None:
@@ -308,8 +316,10 @@ def test_ordinary_lines_are_not_fatal() -> None:
 def test_engine_killed_mid_run_is_detected(engine: Engine) -> None:
     status = read_status(engine.run_dir)
     assert status is not None and status.engine_pid
+    ipc = ipc_dir_of(status.engine_pid)
     os.killpg(status.engine_pid, signal.SIGKILL)
     assert engine.process.wait(120) == 1
+    assert not ipc.exists(), "a killed engine's socket files were left behind"
     assert "error: the engine exited unexpectedly" in engine.process.output()
     after = read_status(engine.run_dir)
     assert after is not None and after.state == "failed" and "exited unexpectedly" in (after.error or "")
@@ -320,6 +330,9 @@ def test_engine_killed_mid_run_is_detected(engine: Engine) -> None:
 def test_clean_shutdown_leaves_no_process(engine: Engine) -> None:
     """SIGTERM to serve stops every engine process; runs last, so nothing needs the engine after."""
     pid = read_status(engine.run_dir).engine_pid  # type: ignore[union-attr]
-    assert pid and engine.process.stop(signal.SIGTERM) == 128 + signal.SIGTERM
+    assert pid
+    ipc = ipc_dir_of(pid)
+    assert engine.process.stop(signal.SIGTERM) == 128 + signal.SIGTERM
     assert group_gone(pid), "engine processes left after shutdown"
+    assert not ipc.exists(), "the engine's socket files were left behind"
     assert read_status(engine.run_dir).state == "stopped"  # type: ignore[union-attr]
