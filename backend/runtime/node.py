@@ -39,9 +39,9 @@ from backend.runtime.engines import Engine
 from backend.runtime.node_identity import (
     core_share,
     ip_towards,
-    is_loopback,
     model_fingerprint,
     parse_head,
+    resolves_to_loopback,
     vllm_version,
 )
 from backend.runtime.resolve import resolve_model
@@ -178,7 +178,7 @@ def _run_stage(settings: Settings, job: JoinReply, link: HeadLink, model_path: s
         master_port=job.master_port,
     )
     env = {**job.environment, "VLLM_HOST_IP": ip_towards(link.host)}
-    if env.get("VLLM_CPU_OMP_THREADS_BIND") == "auto" and is_loopback(link.host):
+    if env.get("VLLM_CPU_OMP_THREADS_BIND") == "auto" and resolves_to_loopback(link.host):
         env["VLLM_CPU_OMP_THREADS_BIND"] = core_share(rank, plan.nodes) or "auto"
     full_argv = with_extra_args(argv, e.extra_args)
     run_dir = Path(e.run_dir)

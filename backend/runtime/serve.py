@@ -34,7 +34,7 @@ from backend.runtime.display import DEMO_BANNER, Display
 from backend.runtime.engines import ENGINE_CORE_TITLE, Engine, start_waves
 from backend.runtime.logwatch import Phase
 from backend.runtime.mps import MpsDaemon
-from backend.runtime.node_identity import core_share, head_ip, is_loopback, model_fingerprint, vllm_version
+from backend.runtime.node_identity import core_share, head_ip, model_fingerprint, resolves_to_loopback, vllm_version
 from backend.runtime.process import EngineProcess, port_in_use
 from backend.runtime.resolve import ResolvedModel, resolve_model
 from backend.runtime.router import Router, RouterConfig, RouterError, Worker
@@ -247,7 +247,7 @@ class Server:
                 addr = self.master_addr = self.master_addr or head_ip()
                 argv += node_flags(plan, 0, addr, self.master_port)
                 env["VLLM_HOST_IP"] = addr
-                if env.get("VLLM_CPU_OMP_THREADS_BIND") == "auto" and is_loopback(addr):
+                if env.get("VLLM_CPU_OMP_THREADS_BIND") == "auto" and resolves_to_loopback(addr):
                     env["VLLM_CPU_OMP_THREADS_BIND"] = core_share(0, plan.nodes) or "auto"
             argv = with_extra_args(argv, e.extra_args)
             if e.api_key:
@@ -442,7 +442,7 @@ class Server:
         self.head.start()
         for rank in range(1, plan.nodes):
             self.say(f"on node {rank} run: {self.head.line(rank)}")
-        if is_loopback(addr):
+        if resolves_to_loopback(addr):
             self.say(
                 f"note: the head listens on {addr}: only nodes on this host can join; for other machines pass "
                 "--master-addr <this node's network address>"
