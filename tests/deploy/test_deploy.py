@@ -1,5 +1,6 @@
 """deploy/ without running a container: what the GPU variant, compose and systemd files can be
-checked for on a machine without GPU, docker compose or a running systemd.
+checked for on a machine without GPU, docker compose or a running systemd; and what the set-up
+script refuses before it installs anything.
 
 The CPU image is built and run for real in test_container.py. The GPU image is not built here
 (no GPU, and its CUDA wheels are gigabytes): it is held to the CPU Containerfile line for line,
@@ -9,6 +10,7 @@ except the lines that pick the engine.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -156,3 +158,40 @@ def test_a_small_dev_shm_is_explained() -> None:
         "allocation: 160 MiB required, 62 MiB free. Increase /dev/shm (e.g. --shm-size or --ipc=host)."
     )
     assert log.fatal is not None and "--shm-size 1g" in log.fatal.fix
+
+
+def run_setup_copy(tmp_path: Path, fakes: dict[str, str], **env: str) -> subprocess.CompletedProcess[str]:
+    """``scripts/setup.sh`` copied into an empty tree, with ``fakes`` (name -> shell script) first on
+    PATH: a platform this machine is not, which only a stand-in ``uname`` or ``python`` can be."""
+    (tmp_path / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    path = f"{bin_dir}:{os.environ['PATH']}"
+    return subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "setup.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PATH": path, **env},
+    )
+
+
+def test_setup_refuses_a_machine_that_is_not_linux_before_installing(tmp_path: Path) -> None:
+    done = run_setup_copy(tmp_path, {"uname": '[ "$1" = -m ] && echo arm64 || echo Darwin'})
+    assert done.returncode == 2, done.stderr
+    assert "runs Darwin (arm64)" in done.stderr and "installs on Linux only" in done.stderr
+    assert not (tmp_path / ".venv").exists() and not (tmp_path / ".venv-engine").exists()
+
+
+def test_setup_refuses_a_python_older_than_vllm_takes(tmp_path: Path) -> None:
+    old = 'case "$*" in *version_info*) exit 1;; *python_version*) echo 3.10.12;; esac'
+    done = run_setup_copy(tmp_path, {"python3-old": old}, PYTHON="python3-old")
+    assert done.returncode == 2, done.stderr
+    assert "python3-old is 3.10.12" in done.stderr and "needs Python 3.11 or newer" in done.stderr
+    assert not (tmp_path / ".venv").exists()
+    missing = run_setup_copy(tmp_path / "again", {}, PYTHON="no-such-python")
+    assert missing.returncode == 2 and "no-such-python is not a Python it can run" in missing.stderr
