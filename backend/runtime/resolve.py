@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from config.model import ModelReadError
+from config.model.hub import not_cached, offline_reason
 from config.settings import ROOT, Settings
 
 DEMO_ID = "demo"
@@ -27,7 +28,7 @@ class ResolvedModel:
 
 def ensure_demo(settings: Settings) -> Path:
     """Write the demo checkpoint with the engine's Python (it has torch); no-op when present."""
-    target = settings.model.demo_dir
+    target = settings.model.demo_dir.expanduser().absolute()  # the writer runs in ROOT, not the caller's cwd
     argv = [settings.engine.python, "-m", "backend.runtime.demo_model", str(target)]
     if settings.model.demo_full_size:
         argv.append("--full-size")
@@ -53,6 +54,9 @@ def _from_hub(model_id: str, revision: str | None) -> str:
         return snapshot_download(model_id, revision=revision, local_files_only=True, allow_patterns=patterns)
     except Exception:
         pass
+    offline = offline_reason()
+    if offline:  # not huggingface_hub's ~24 s of retries to say the same
+        raise not_cached(f"model '{model_id}'", offline)
     try:
         return snapshot_download(model_id, revision=revision, allow_patterns=patterns)
     except Exception as err:
@@ -62,18 +66,40 @@ def _from_hub(model_id: str, revision: str | None) -> str:
         ) from None
 
 
+def only_a_directory(model_id: str) -> str | None:
+    """Why ``model_id``, found nowhere on disk, can only have meant a local directory (a typo the demo
+    model must not stand in for), or None when it may be a Hugging Face id."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if model_id.startswith(("/", "./", "../", "~")):
+        return "no such directory"
+    try:
+        validate_repo_id(model_id)
+    except HFValidationError:
+        return "no such directory, and not a Hugging Face id (name or owner/name)"
+    return None
+
+
 def resolve_model(settings: Settings) -> ResolvedModel:
     """The local path to serve, or ModelReadError when nothing can be served."""
     model_id = settings.model.id
     if model_id == DEMO_ID:
         return ResolvedModel(str(ensure_demo(settings)), demo=True)
+    if not model_id.strip():
+        raise ModelReadError("model id is empty: give a Hugging Face id, a directory with config.json, or 'demo'")
     local = Path(model_id).expanduser()
+    if local.is_file():
+        raise ModelReadError(f"model '{model_id}': a file; give the directory that holds its config.json")
     if local.exists():
         if not (local / "config.json").is_file():
             raise ModelReadError(f"model '{model_id}': no config.json in that directory")
         from backend.runtime.demo_model import is_demo_model
 
         return ResolvedModel(str(local.resolve()), demo=is_demo_model(local))
+    why = only_a_directory(model_id)
+    if why:
+        raise ModelReadError(f"model '{model_id}': {why}")
     try:
         return ResolvedModel(_from_hub(model_id, settings.model.revision), demo=False)
     except ModelReadError as err:

@@ -40,12 +40,25 @@ def hub_reachable(timeout_s: float = 2.0) -> bool:
     return True
 
 
+def offline_reason() -> str | None:
+    """Why the hub is not asked (``HF_HUB_OFFLINE`` set, or no answer), or None when it answers."""
+    if _env_flag("HF_HUB_OFFLINE"):
+        return "offline: HF_HUB_OFFLINE is set"
+    return None if hub_reachable() else f"offline: no answer from {os.environ.get('HF_ENDPOINT') or 'huggingface.co'}"
+
+
+def not_cached(where: str, why: str) -> ModelReadError:
+    """A hub model that is not in the cache, and the hub not asked or not answering (``why``)."""
+    return ModelReadError(f"{where}: not in the local Hugging Face cache and the hub cannot be reached ({why})")
+
+
 def hub_config(repo_id: str, revision: str | None) -> Path:
     """config.json of a hub model via the local cache; the hub only when not offline."""
     from huggingface_hub import errors as hub
     from huggingface_hub import hf_hub_download  # lazy: only hub ids need it
 
-    offline = _env_flag("HF_HUB_OFFLINE") or not hub_reachable()
+    why_offline = offline_reason()
+    offline = why_offline is not None
     where = f"model '{repo_id}'" + (f" (revision {revision})" if revision else "")
     try:
         path = hf_hub_download(
@@ -58,10 +71,7 @@ def hub_config(repo_id: str, revision: str | None) -> Path:
     except hub.HFValidationError:
         raise ModelReadError(f"model '{repo_id}': not a local directory and not a valid Hugging Face id") from None
     except hub.LocalEntryNotFoundError:
-        reason = "offline: HF_HUB_OFFLINE is set" if offline else "offline"
-        raise ModelReadError(
-            f"{where}: not in the local Hugging Face cache and the hub cannot be reached ({reason})"
-        ) from None
+        raise not_cached(where, why_offline or "its download failed") from None
     except hub.GatedRepoError:
         raise ModelReadError(f"{where}: gated on the hub; accept its license and set HF_TOKEN") from None
     except hub.RevisionNotFoundError:
