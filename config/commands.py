@@ -54,6 +54,14 @@ def router_metrics_port(plan: Plan, port: int) -> int:
     return engine_port(port, plan.engine_count)
 
 
+def plan_ports(plan: Plan, port: int) -> list[int]:
+    """Every port the plan listens on from ``port`` (engine.port): the engine's, or the router's,
+    each engine's after it and the router's metrics after those."""
+    if not plan.routed:
+        return [port]
+    return [port, *(engine_port(port, i) for i in range(plan.engine_count)), router_metrics_port(plan, port)]
+
+
 SHORT_FLAGS = {
     "-tp": "--tensor-parallel-size",
     "-pp": "--pipeline-parallel-size",

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from config.commands import build_commands
+from config.commands import build_commands, plan_ports
+from config.errors import PlanError
 from config.hardware import Hardware, resolve_hardware
 from config.known_models import known_config
 from config.model import ModelReadError, ModelSpec, model_from_config, read_model
@@ -59,6 +60,12 @@ def plan_for(settings: Settings, model_path: str | Path | None = None) -> Planne
         settings.engine.pins,
         notes,
     )
+    ports = plan_ports(plan, settings.engine.port)
+    if ports[-1] > 65535:
+        raise PlanError(
+            f"engine.port {ports[0]}: the plan's {plan.engine_count} engines and the router's metrics listen on the "
+            f"{len(ports) - 1} ports after it, past 65535; choose --engine-port {65535 - len(ports) + 1} or lower"
+        )
     plan.commands = build_commands(
         plan,
         python=settings.engine.python,

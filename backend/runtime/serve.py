@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 
 from backend.engine_api import engine_url
-from backend.errors import EngineStartError
+from backend.errors import EngineStartError, ErniechatError, PlanError
 from backend.runtime.cluster import Head
 from backend.runtime.display import DEMO_BANNER, Display
 from backend.runtime.engines import ENGINE_CORE_TITLE, Engine, start_waves
@@ -47,6 +47,7 @@ from config.commands import (
     engine_env,
     engine_port,
     node_flags,
+    plan_ports,
     router_metrics_port,
     with_extra_args,
 )
@@ -71,10 +72,13 @@ class Server:
         node_rank: int = 0,
         master_addr: str | None = None,
         master_port: int = MASTER_PORT,
+        page_port: int | None = None,
     ) -> None:
         """``given``: the head's plan on a worker node (``node_rank`` > 0), which runs no router.
-        ``master_addr``/``master_port``: on the head of a multi-node plan, where the nodes meet."""
+        ``master_addr``/``master_port``: on the head of a multi-node plan, where the nodes meet.
+        ``page_port``: the chat page's port (``up``), which no engine of the plan may take."""
         self.settings = settings
+        self.page_port = page_port
         self.say = say
         self.given = given
         self.node_rank = node_rank
@@ -136,33 +140,11 @@ class Server:
                 "another with --engine-port"
             )
             return False
-        self.resolved = resolve_model(self.settings)
-        if self.resolved.demo:
-            self.status.demo = True
-            why = self.resolved.note or "You asked for --model demo."
-            self.display.done()
-            self.say(DEMO_BANNER.format(why=why))
-            if self.resolved.note:
-                self.status.notes.append(self.resolved.note)
-        self.update(detail="planning", progress=0.03)
-        self.planned = self.given or plan_for(self.settings, model_path=self.resolved.path)
-        plan = self.planned.plan
-        self.status.model = self.settings.model.id if not self.resolved.demo else f"demo ({self.resolved.path})"
-        self.status.served_name = plan.served_name
-        self.status.plan_summary = plan.summary()
-        self.status.plan_reasons = plan.reasons
-        self.status.hardware = self.planned.hardware.name
-        self.status.base_url = self.base_url
-        self.status.notes.extend(self.planned.notes + plan.warnings)
-        for note in self.planned.notes:
-            self.say(f"note: {note}")
-        self.run_dir.write_plan(plan)
-        if plan.gpu_sharing == "mps":
-            self.mps = MpsDaemon(self.run_dir.path)
-        self.engines = self._engines(plan, self.resolved.path)
-        self.status.log_path = str(self.engines[0].log_path)
-        self.display.done()
-        self.say(f"plan: {plan.summary()}; engine log: {self.status.log_path}")
+        try:
+            plan = self._plan()
+        except ErniechatError as err:  # bad input: status says why too, and the caller reports it
+            self.fail(str(err))
+            raise
         to_health = warm_s = 0.0
         records: list[WarmupRecord] = []
         try:
@@ -226,6 +208,45 @@ class Server:
         self.update("ready", plan.summary(), 1.0)
         self.display.done()
         return True
+
+    def _plan(self) -> Plan:
+        """Resolve the model, plan, check the plan's ports and make its engines (nothing started yet)."""
+        self.resolved = resolve_model(self.settings)
+        if self.resolved.demo:
+            self.status.demo = True
+            why = self.resolved.note or "You asked for --model demo."
+            self.display.done()
+            self.say(DEMO_BANNER.format(why=why))
+            if self.resolved.note:
+                self.status.notes.append(self.resolved.note)
+        self.update(detail="planning", progress=0.03)
+        self.planned = self.given or plan_for(self.settings, model_path=self.resolved.path)
+        plan = self.planned.plan
+        self.status.model = self.settings.model.id if not self.resolved.demo else f"demo ({self.resolved.path})"
+        self.status.served_name = plan.served_name
+        self.status.plan_summary = plan.summary()
+        self.status.plan_reasons = plan.reasons
+        self.status.hardware = self.planned.hardware.name
+        self.status.base_url = self.base_url
+        self.status.notes.extend(self.planned.notes + plan.warnings)
+        for note in self.planned.notes:
+            self.say(f"note: {note}")
+        self.run_dir.write_plan(plan)
+        if plan.gpu_sharing == "mps":
+            self.mps = MpsDaemon(self.run_dir.path)
+        taken = plan_ports(plan, self.settings.engine.port)
+        if self.page_port in taken:
+            needs = f"engine.port {taken[0]} and the {len(taken) - 1} after it" if len(taken) > 1 else "engine.port"
+            outside = f"--port outside {taken[0]}-{taken[-1]}" if len(taken) > 1 else "another --port"
+            raise PlanError(
+                f"the chat page's port {self.page_port} is one the engines need ({needs}); "
+                f"choose {outside} or another --engine-port"
+            )
+        self.engines = self._engines(plan, self.resolved.path)
+        self.status.log_path = str(self.engines[0].log_path)
+        self.display.done()
+        self.say(f"plan: {plan.summary()}; engine log: {self.status.log_path}")
+        return plan
 
     def _node_problem(self) -> str | None:
         """A node's failure while a split engine starts (its stage is needed); None otherwise."""

@@ -139,7 +139,7 @@ def run_up(settings: Settings) -> int:
             file=sys.stderr,
         )
         return 1
-    server = Server(settings)
+    server = Server(settings, page_port=a.port)
     page: ChatPage | None = None
     try:
         if not server.start():

@@ -14,14 +14,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.services import clear_settings_env
 
-from config.commands import build_commands, engine_flags
+from config.commands import build_commands, engine_flags, plan_ports
 from config.hardware import Hardware, list_profiles, load_profile
 from config.model import ModelSpec, read_model
+from config.pipeline import plan_for
 from config.plan import GIB, Plan
 from config.planner import PlanError, make_plan
 from config.rules.parallel import valid_tp_sizes
-from config.settings import WorkloadSettings
+from config.settings import WorkloadSettings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
@@ -607,3 +609,16 @@ def test_page_processes_several_for_a_small_model_under_load_on_a_gpu_host_one_e
     assert pinned.page_processes == 3 and pinned.reasons["page_processes"].startswith("pinned by you")
     with pytest.raises(PlanError, match="page_processes=0"):
         plan("cpu-only", pins={"page_processes": "0"})
+
+
+def test_a_routed_plan_whose_ports_run_past_65535_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two engines and the router's metrics take the three ports after engine.port: from 65533 on they
+    cannot; the error says the highest port that fits."""
+    clear_settings_env(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(DATA / "ernie-4.5-0.3b-pt.json", tmp_path / "config.json")
+    flat = {"model.id": str(tmp_path), "engine.hardware": "1xH200", "workload.users": 256}
+    fits = plan_for(load_settings({**flat, "engine.port": 65532}))
+    assert fits.plan.engine_count == 2 and plan_ports(fits.plan, 65532) == [65532, 65533, 65534, 65535]
+    with pytest.raises(PlanError, match="choose --engine-port 65532 or lower"):
+        plan_for(load_settings({**flat, "engine.port": 65533}))

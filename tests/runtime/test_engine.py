@@ -245,6 +245,20 @@ def test_extra_args_that_repeat_a_planned_flag_fail_before_any_engine_starts(tmp
     assert "--set max_num_seqs=VALUE" in proc.output()
     status = read_status(tmp_path)
     assert status is not None and status.engine_pid is None
+    assert status.state == "failed" and "--max-num-seqs" in (status.error or ""), "status says why, not 'stopped'"
+
+
+def test_a_page_port_the_engine_needs_fails_before_any_engine_starts(tmp_path: Path) -> None:
+    port = free_port()
+    up = BackendProcess(
+        ["up", "--model", "demo", "--port", str(port), "--engine-port", str(port)], backend_env(tmp_path)
+    )
+    assert up.start().wait(120) == 2
+    why = f"the chat page's port {port} is one the engines need (engine.port); choose another --port or another "
+    why += "--engine-port"
+    assert why in up.output()
+    status = read_status(tmp_path)
+    assert status is not None and status.state == "failed" and status.error == why and status.engine_pid is None
 
 
 def test_mps_sharing_without_its_daemon_fails_before_any_engine_starts(tmp_path: Path) -> None:
