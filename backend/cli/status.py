@@ -29,7 +29,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         print(status.model_dump_json(indent=2))
     else:
         age = time.time() - status.started_at
-        print(f"{status.state}: {status.detail} ({status.progress:.0%}, {age:.0f} s since start)")
+        known = f" ({status.progress:.0%}, {age:.0f} s since start)" if status.pid is not None else ""
+        print(f"{status.state}: {status.detail}{known}")
         if status.base_url:
             print(
                 f"engine:  {status.base_url}  model {status.served_name}"

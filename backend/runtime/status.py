@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 State = Literal["starting", "loading", "warming", "ready", "failed", "stopped"]
 STATUS_FILE = "status.json"
@@ -105,8 +105,14 @@ def read_status(run_dir: Path) -> EngineStatus | None:
         status = EngineStatus.model_validate_json(path.read_text())
     except FileNotFoundError:
         return None
-    except ValueError:
-        return EngineStatus(state="failed", detail=f"unreadable status file {path}")
+    except OSError as err:  # a directory in its place, a run dir that is a file, no permission
+        why = f"unreadable status file {path}: {err.strerror or err}"
+        return EngineStatus(state="failed", detail=why, error=why)
+    except ValidationError as err:  # not JSON, or not a status (another program's file, a newer version's)
+        first = err.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        why = f"unreadable status file {path}: {where + ': ' if where else ''}{first['msg']}"
+        return EngineStatus(state="failed", detail=why, error=why)
     if status.state in ("starting", "loading", "warming", "ready") and not _alive(status.pid):
         status.state = "failed"
         status.error = status.error or "the serve process is gone (killed or crashed)"

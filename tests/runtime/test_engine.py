@@ -326,6 +326,28 @@ def test_ordinary_lines_are_not_fatal() -> None:
     assert len(FATALS) >= 8
 
 
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ("<dir>", "Is a directory"),
+        ("<run dir is a file>", "Not a directory"),
+        ("{not json", "Invalid JSON"),
+        ('{"state": "bogus"}', "state: Input should be 'starting'"),
+    ],
+)
+def test_an_unreadable_status_file_says_why(tmp_path: Path, content: str, why: str) -> None:
+    run_dir = tmp_path / "run"
+    if content == "<run dir is a file>":
+        run_dir.write_text("")
+    else:
+        run_dir.mkdir()
+        path = run_dir / "status.json"
+        path.mkdir() if content == "<dir>" else path.write_text(content)
+    status = read_status(run_dir)
+    assert status is not None and status.state == "failed"
+    assert status.error is not None and status.error.startswith(f"unreadable status file {run_dir}/status.json: {why}")
+
+
 @pytest.mark.destructive(order=0)
 def test_engine_killed_mid_run_is_detected(engine: Engine) -> None:
     status = read_status(engine.run_dir)
