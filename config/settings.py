@@ -8,17 +8,22 @@ Unknown keys and bad values are errors that name the key and what is allowed.
 
 from __future__ import annotations
 
+import json
 import os
+import tomllib
+import types
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+from pydantic_settings import SettingsError as SourceError
 
 from config.errors import SettingsError
 
@@ -30,9 +35,39 @@ ROOT = Path(__file__).resolve().parents[1]
 
 Objective = Literal["latency", "throughput", "balanced"]
 
+SECRET_KEYS = ("app.users", "app.auth_secret", "engine.api_key")
+"""Values never echoed in an error message (nor any section or entry holding one)."""
+JSON_EXAMPLES = {
+    "engine.extra_args": '["--flag", "value"]',
+    "engine.pins": '{"tensor_parallel_size": 2}',
+    "app.users": '{"user": "password"}',
+    "model": '{"id": "demo"}',
+    "engine": '{"port": 8001}',
+    "workload": '{"users": 4}',
+    "app": '{"port": 8080}',
+}
+"""The shape a JSON-valued environment variable takes, shown when its value is not JSON."""
+
+
+def _union_args(annotation: Any) -> tuple[Any, ...]:
+    return get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+
+
+def _is_number(annotation: Any) -> bool:
+    args = _union_args(annotation)
+    return bool not in args and any(a in (int, float) for a in args)
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """pydantic takes ``port = true`` as 1; a number field refuses true/false instead."""
+        if isinstance(value, bool) and info.field_name and _is_number(cls.model_fields[info.field_name].annotation):
+            raise PydanticCustomError("bool_not_number", "Input should be a number, not true or false")
+        return value
 
 
 class ModelSettings(_Section):
@@ -144,12 +179,23 @@ def _toml_path() -> Path | None:
     return default if default.is_file() else None
 
 
+def _settings_env() -> dict[str, list[str]]:
+    """``ERNIECHAT_`` variables (not ``ERNIECHAT_CONFIG``) -> the key path each one sets."""
+    return {
+        name: name[len(ENV_PREFIX) :].lower().split(ENV_DELIMITER)
+        for name in os.environ
+        if name.startswith(ENV_PREFIX) and name != CONFIG_ENV
+    }
+
+
+def _is_section(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
 def _check_env_keys() -> None:
-    """pydantic-settings ignores unknown variables; a typo must not pass silently."""
-    for name in os.environ:
-        if not name.startswith(ENV_PREFIX) or name == CONFIG_ENV:
-            continue
-        path = name[len(ENV_PREFIX) :].lower().split(ENV_DELIMITER)
+    """pydantic-settings ignores unknown variables; a typo must not pass silently. A variable for
+    a list, dict or section must hold JSON: say so here, naming it, not as pydantic-settings does."""
+    for name, path in _settings_env().items():
         model: type[BaseModel] = Settings
         for depth, part in enumerate(path):
             fields = model.model_fields
@@ -160,10 +206,46 @@ def _check_env_keys() -> None:
                     f"allowed: {', '.join(sorted(fields))}"
                 )
             annotation = fields[part].annotation
-            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if depth == len(path) - 1:
+                _check_env_json(name, path, annotation)
+            if _is_section(annotation):
                 model = annotation
             else:
                 break
+
+
+def _check_env_json(name: str, path: list[str], annotation: Any) -> None:
+    """The variable for a list, dict or section (parsed as JSON by pydantic-settings) is JSON."""
+    origin = get_origin(annotation) or annotation
+    if origin in (list, tuple, set, frozenset):
+        shape = '["value"]'
+    elif origin is dict or _is_section(annotation):
+        shape = '{"key": "value"}'
+    else:
+        return
+    value = os.environ[name]
+    try:
+        json.loads(value)
+    except ValueError:
+        key = ".".join(path)
+        example = JSON_EXAMPLES.get(key, shape)
+        raise SettingsError(
+            f"environment variable {name}: {key} must be JSON, e.g. {example!r} ({_shown(value, path)})"
+        ) from None
+
+
+def _is_secret(loc: list[str]) -> bool:
+    """``loc`` is a secret, inside one, or a section holding one."""
+    dotted = ".".join(loc)
+    return any(dotted == s or dotted.startswith(s + ".") or s.startswith(dotted + ".") for s in SECRET_KEYS)
+
+
+def _shown(value: Any, loc: list[str], limit: int = 60) -> str:
+    """``got 'value'`` for a message, cut at ``limit`` characters; a secret's value is hidden."""
+    if _is_secret(loc):
+        return "value hidden"
+    text = repr(value)
+    return f"got {text[: limit - 3]}..." if len(text) > limit else f"got {text}"
 
 
 def _fields_at(path: list[str]) -> list[str]:
@@ -184,20 +266,53 @@ def describe_validation_error(err: ValidationError) -> str:
     key = ".".join(loc)
     if first["type"] == "extra_forbidden":
         return f"{key}: unknown key; allowed: {', '.join(_fields_at(loc[:-1]))}"
-    return f"{key}: {first['msg']} (got {first.get('input')!r})"
+    return f"{key}: {first['msg']} ({_shown(first.get('input'), loc)})"
+
+
+def _overlaps(path: list[str], loc: list[str]) -> bool:
+    """One key path lies inside the other (``engine.pins`` and ``engine.pins.x``, either way)."""
+    n = min(len(path), len(loc))
+    return path[:n] == loc[:n]
+
+
+def _source_of(loc: list[str], overrides: dict[str, Any], path: Path | None) -> str:
+    """Where the value at ``loc`` came from, highest layer first: ' on the command line',
+    ' in environment variable NAME', ' in FILE', or '' (a default)."""
+    if any(value is not None and _overlaps(key.split("."), loc) for key, value in overrides.items()):
+        return " on the command line"
+    names = [name for name, env_path in _settings_env().items() if _overlaps(env_path, loc)]
+    if names:
+        return f" in environment variable {max(names, key=len)}"
+    if path is not None:
+        try:
+            node: Any = tomllib.loads(path.read_text())
+        except (OSError, ValueError):
+            return f" in {path}"
+        for part in loc:
+            if not isinstance(node, dict) or part not in node:
+                return ""
+            node = node[part]
+        return f" in {path}"
+    return ""
 
 
 def load_settings(overrides: dict[str, Any] | None = None) -> Settings:
     """Settings from all layers; ``overrides`` (from CLI flags) win. Raises SettingsError."""
+    overrides = overrides or {}
     _check_env_keys()
     path = _toml_path()
+    if path is not None and path.is_dir():
+        raise SettingsError(f"{CONFIG_ENV}={path} is a directory, not a settings file (name a TOML file)")
     if path is not None and not path.is_file():
         raise SettingsError(f"settings file {path} (from {CONFIG_ENV}) does not exist")
     try:
-        return Settings(**_nest(overrides or {}))
+        return Settings(**_nest(overrides))
     except ValidationError as err:
-        source = f" in {path}" if path else ""
+        loc = [str(p) for p in err.errors()[0]["loc"]]
+        source = _source_of(loc, overrides, path)
         raise SettingsError(f"bad setting{source}: {describe_validation_error(err)}") from None
+    except SourceError as err:  # an environment value pydantic-settings cannot parse
+        raise SettingsError(f"environment variables {ENV_PREFIX}*: {err}") from None
     except (OSError, ValueError) as err:  # TOML syntax errors arrive as ValueError
         raise SettingsError(f"settings file {path}: {err}") from None
 

@@ -88,3 +88,81 @@ def test_shipped_example_file_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ERNIECHAT_CONFIG", str(example))
     s = load_settings()
     assert s.engine.hardware == "auto" and s.app.keepalive is False and s.workload.users == 8
+
+
+@pytest.mark.parametrize(
+    ("name", "example"),
+    [
+        ("ERNIECHAT_ENGINE__EXTRA_ARGS", '["--flag", "value"]'),
+        ("ERNIECHAT_ENGINE__PINS", '{"tensor_parallel_size": 2}'),
+    ],
+)
+def test_env_json_field_not_json_names_the_variable(monkeypatch: pytest.MonkeyPatch, name: str, example: str) -> None:
+    monkeypatch.setenv(name, "notjson")
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    message = str(err.value)
+    assert message.startswith(f"environment variable {name}: ") and "must be JSON" in message
+    assert example in message and "(got 'notjson')" in message
+    assert "None" not in message and "\n" not in message
+
+
+@pytest.mark.parametrize("name", ["ERNIECHAT_APP__USERS", "ERNIECHAT_APP", "ERNIECHAT_ENGINE"])
+def test_env_json_secret_value_is_hidden(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    monkeypatch.setenv(name, "alice:hunter2")
+    with pytest.raises(SettingsError, match=rf"environment variable {name}: .*must be JSON.*\(value hidden\)") as err:
+        load_settings()
+    assert "hunter2" not in str(err.value)
+
+
+def test_bad_secret_value_is_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ERNIECHAT_APP__USERS", '{"alice": 12345}')
+    with pytest.raises(SettingsError, match=r"app\.users\.alice: .*\(value hidden\)") as err:
+        load_settings()
+    assert "12345" not in str(err.value)
+
+
+def test_long_value_is_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ERNIECHAT_ENGINE__EXTRA_ARGS", "x" * 500)
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    assert "x" * 40 in str(err.value) and "x" * 100 not in str(err.value) and "..." in str(err.value)
+
+
+def test_bad_value_names_its_real_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    monkeypatch.setenv("ERNIECHAT_CONFIG", str(empty))
+    with pytest.raises(SettingsError, match=r"^bad setting on the command line: workload\.users: ") as err:
+        load_settings({"workload.users": 0})
+    assert "empty.toml" not in str(err.value)
+    monkeypatch.setenv("ERNIECHAT_ENGINE__PORT", "abc")
+    with pytest.raises(
+        SettingsError, match=r"^bad setting in environment variable ERNIECHAT_ENGINE__PORT: engine\.port: "
+    ) as err:
+        load_settings()
+    assert "empty.toml" not in str(err.value)
+    monkeypatch.delenv("ERNIECHAT_ENGINE__PORT")
+    empty.write_text("[workload]\nusers = 0\n")
+    with pytest.raises(SettingsError, match=r"^bad setting in .*empty\.toml: workload\.users: "):
+        load_settings()
+
+
+def test_config_path_that_is_a_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ERNIECHAT_CONFIG", str(tmp_path))
+    with pytest.raises(SettingsError, match=r"is a directory, not a settings file"):
+        load_settings()
+
+
+@pytest.mark.parametrize(("section", "key"), [("engine", "port"), ("workload", "users"), ("app", "temperature")])
+def test_bool_is_not_a_number(tmp_path: Path, section: str, key: str) -> None:
+    write_toml(tmp_path, f"[{section}]\n{key} = true\n")
+    with pytest.raises(SettingsError, match=rf"{section}\.{key}: Input should be a number, not true or false"):
+        load_settings()
+
+
+def test_numbers_from_env_strings_still_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ERNIECHAT_ENGINE__PORT", "8001")
+    monkeypatch.setenv("ERNIECHAT_APP__TEMPERATURE", "0.5")
+    s = load_settings()
+    assert (s.engine.port, s.app.temperature) == (8001, 0.5)
