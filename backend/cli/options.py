@@ -28,6 +28,13 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 1-65535."""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (1-65535)")
+    return int(text)
+
+
 def add_engine_port(p: argparse.ArgumentParser, default: str = "8000") -> None:
     p.add_argument("--engine-port", dest="engine_port", type=int, help=f"engine port (default {default})")
 

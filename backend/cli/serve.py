@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from backend.cli.options import add_engine_port, add_plan_options, fail
+from backend.cli.options import add_engine_port, add_plan_options, fail, port_number
 from backend.runtime.process import unwind_on_signals
 from config.commands import MASTER_PORT
 from config.settings import Settings
@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--master-addr", help="on the head: its address the other nodes reach (default: from its name)")
     g.add_argument(
         "--master-port",
-        type=int,
+        type=port_number,
         default=MASTER_PORT,
         help=f"on the head: vLLM's rendezvous port (default {MASTER_PORT}); the other nodes join on the next one",
     )
@@ -42,6 +42,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         fail(f"--node-rank {args.node_rank}: also give --head ADDRESS (the line the head printed)")
     if args.head and not args.node_rank:
         fail("--head: give this node's --node-rank (1, 2, ...); node 0 is the head itself")
+    if args.master_port == 65535:
+        fail("--master-port 65535: the other nodes join on the port after it; choose 65534 or lower")
     unwind_on_signals()
     if args.node_rank:
         from backend.runtime.node import run_node

@@ -31,7 +31,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from backend.errors import NodeError
-from backend.runtime.process import port_in_use
+from backend.runtime.process import IN_USE, bind_problem
 from config.commands import join_port, serve_line
 from config.plan import Plan
 
@@ -151,10 +151,16 @@ class Head:
         if self.split:
             ports.insert(0, (self.master_port, "vLLM's --master-port, the nodes' torch.distributed rendezvous"))
         for port, what in ports:
-            if port_in_use(self.master_addr, port):
+            problem = bind_problem(self.master_addr, port)
+            if problem == IN_USE:
                 raise NodeError(
                     f"port {port} on {self.master_addr} ({what}) is already in use; stop what holds it "
                     "or choose another with --master-port"
+                )
+            if problem:
+                raise NodeError(
+                    f"port {port} on {self.master_addr} ({what}) {problem}; --master-addr must be this "
+                    "machine's address that the other nodes reach"
                 )
 
     def start(self) -> None:

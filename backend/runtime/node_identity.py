@@ -103,7 +103,14 @@ def parse_head(head: str) -> tuple[str, int]:
     """``HOST[:PORT]`` -> (host, join port); the port defaults to the head's default."""
     host, sep, port = head.rpartition(":")
     if not sep:
-        return head, join_port()
+        host, port = head, str(join_port())
     if not port.isdigit() or not host:
         raise UsageError(f"--head {head!r}: expected HOST or HOST:PORT (the address the head printed)")
-    return host.strip("[]"), int(port)
+    if not 1 <= int(port) <= 65535:
+        raise UsageError(f"--head {head!r}: port {port} is not a port (1-65535)")
+    host = host.strip("[]")
+    try:
+        socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except OSError as err:  # no waiting start_timeout_s for a name that never resolves
+        raise UsageError(f"--head {head!r}: cannot resolve {host!r} ({err.strerror or err})") from None
+    return host, int(port)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -25,15 +26,27 @@ def unwind_on_signals() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def port_in_use(host: str, port: int) -> bool:
-    """True when something already listens on (host, port)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
+IN_USE = "is already in use"
+
+
+def bind_problem(host: str, port: int) -> str | None:
+    """Why a server cannot listen on (host, port): ``IN_USE``, or the system's reason (a name that
+    does not resolve, an address this machine does not have); None when it can."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((host, port))
-        except OSError:
-            return True
-    return False
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            return IN_USE
+        return f"cannot be listened on ({err.strerror or err})"
+    return None
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when a server could not listen on (host, port) now (something holds it)."""
+    return bind_problem(host, port) is not None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

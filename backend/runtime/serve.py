@@ -35,7 +35,7 @@ from backend.runtime.engines import ENGINE_CORE_TITLE, Engine, start_waves
 from backend.runtime.logwatch import Phase
 from backend.runtime.mps import MpsDaemon
 from backend.runtime.node_identity import core_share, head_ip, model_fingerprint, resolves_to_loopback, vllm_version
-from backend.runtime.process import EngineProcess, port_in_use
+from backend.runtime.process import IN_USE, EngineProcess, bind_problem
 from backend.runtime.resolve import ResolvedModel, resolve_model
 from backend.runtime.router import Router, RouterConfig, RouterError, Worker
 from backend.runtime.rundir import RunDir
@@ -134,11 +134,15 @@ class Server:
         """Resolve, plan, launch, wait for health, warm up. True when ready."""
         e = self.settings.engine
         self.update("starting", "resolving the model", 0.01)
-        if self.node_rank == 0 and port_in_use(e.host, e.port):
+        problem = bind_problem(e.host, e.port) if self.node_rank == 0 else None
+        if problem == IN_USE:
             self.fail(
                 f"port {e.port} on {e.host} is already in use (another engine?); stop it or choose "
                 "another with --engine-port"
             )
+            return False
+        if problem:
+            self.fail(f"port {e.port} on {e.host} {problem}; check engine.host (ERNIECHAT_ENGINE__HOST)")
             return False
         try:
             plan = self._plan()

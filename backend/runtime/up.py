@@ -20,7 +20,7 @@ import httpx
 from backend.engine_api import local_host
 from backend.errors import ErniechatError
 from backend.page.auth import exposed_without_login
-from backend.runtime.process import EngineProcess, port_in_use
+from backend.runtime.process import IN_USE, EngineProcess, bind_problem
 from backend.runtime.serve import Server
 from config.settings import ENV_DELIMITER, ENV_PREFIX, ROOT, Settings
 
@@ -132,13 +132,17 @@ def run_up(settings: Settings) -> int:
     if why:
         print(f"error: {why}", file=sys.stderr)
         return 2
-    if port_in_use(a.host, a.port):
+    problem = bind_problem(a.host, a.port)
+    if problem == IN_USE:
         print(
             f"error: port {a.port} on {a.host} is already in use, and the chat page needs it; "
             "stop what holds it or choose another with --port",
             file=sys.stderr,
         )
         return 1
+    if problem:
+        print(f"error: the chat page's port {a.port} on {a.host} {problem}; check app.host", file=sys.stderr)
+        return 2
     server = Server(settings, page_port=a.port)
     page: ChatPage | None = None
     try:

@@ -224,6 +224,21 @@ def test_second_start_on_busy_port_fails_clearly(engine: Engine, tmp_path: Path)
     assert read_status(engine.run_dir).state == "ready", "the running engine is untouched"  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize(
+    ("command", "host_env", "key"),
+    [("serve", "ERNIECHAT_ENGINE__HOST", "engine.host"), ("up", "ERNIECHAT_APP__HOST", "app.host")],
+)
+def test_an_address_not_here_is_not_called_in_use(tmp_path: Path, command: str, host_env: str, key: str) -> None:
+    """192.0.2.1 (TEST-NET-1) is no address of this machine: the error says so, not 'already in use'."""
+    env = backend_env(tmp_path, **{host_env: "192.0.2.1"})
+    if command == "up":  # a page beyond loopback needs its login first
+        env.update(ERNIECHAT_APP__USERS='{"u": "p"}', ERNIECHAT_APP__AUTH_SECRET="s" * 48)
+    done = BackendProcess([command, "--model", "demo", "--engine-port", str(free_port())], env).start()
+    assert done.wait(120) in (1, 2)
+    said = f"cannot be listened on (Cannot assign requested address); check {key}"
+    assert said in done.output() and "already in use" not in done.output()
+
+
 def test_failed_start_explains_and_leaves_no_process(tmp_path: Path, engine: Engine) -> None:
     """A vLLM that refuses its arguments: the start ends with the log's last lines, nothing left."""
     env = backend_env(tmp_path, ERNIECHAT_ENGINE__EXTRA_ARGS='["--no-such-flag"]')

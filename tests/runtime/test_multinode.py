@@ -299,6 +299,10 @@ def test_a_node_with_another_vllm_is_refused_with_both_versions() -> None:
         (["--node-rank", "1"], "--node-rank 1: also give --head ADDRESS"),
         (["--head", "127.0.0.1"], "--head: give this node's --node-rank"),
         (["--node-rank", "1", "--head", "h:x"], "--head 'h:x': expected HOST or HOST:PORT"),
+        (["--node-rank", "1", "--head", "127.0.0.1:99999"], "port 99999 is not a port (1-65535)"),
+        (["--node-rank", "1", "--head", "no-such-head.invalid"], "cannot resolve 'no-such-head.invalid'"),
+        (["--master-port", "80000"], "'80000' is not a port (1-65535)"),
+        (["--master-port", "65535"], "join on the port after it; choose 65534 or lower"),
     ],
 )
 def test_worker_flags_need_each_other(tmp_path: Path, args: list[str], message: str) -> None:
