@@ -23,12 +23,13 @@ def read_model(source: str | Path, *, revision: str | None = None) -> ModelSpec:
         config_path = path / "config.json"
         if not config_path.is_file():
             raise ModelReadError(f"model '{name}': no config.json in {path}")
-        return model_from_config(load_json(config_path, name), source=name)
+        return model_from_config(load_json(config_path, name), source=name, path=config_path)
     if path.is_file():
-        return model_from_config(load_json(path, name), source=name)
+        return model_from_config(load_json(path, name), source=name, path=path)
     if _looks_local(name):
         raise ModelReadError(f"model '{name}': no such directory or file {path}")
-    return model_from_config(load_json(hub_config(name, revision), name), source=name)
+    cached = hub_config(name, revision)
+    return model_from_config(load_json(cached, name), source=name, path=cached)
 
 
 def _looks_local(name: str) -> bool:

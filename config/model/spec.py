@@ -26,13 +26,15 @@ class ModelSpec(BaseModel):
     source: str
     """The Hugging Face id or local path it was read from."""
     architecture: str
-    """``architectures[0]``; empty when config.json does not list one."""
+    """The served class from ``architectures`` (its first chat-model class, or the one string
+    given); empty when config.json does not list one."""
     model_type: str
     num_layers: int = Field(ge=1)
     hidden_size: int = Field(ge=1)
     num_attention_heads: int = Field(ge=1)
     num_kv_heads: int = Field(ge=1)
-    """``num_key_value_heads``; equal to the attention heads for plain multi-head attention."""
+    """``num_key_value_heads``; equal to the attention heads for plain multi-head attention, and
+    always a divisor of them."""
     head_dim: int = Field(ge=1)
     intermediate_size: int = Field(ge=1)
     """The dense MLP width (for Mixtral-style MoE, where every layer is MoE, the expert width)."""
@@ -66,6 +68,10 @@ class ModelSpec(BaseModel):
     @model_validator(mode="after")
     def _derive(self) -> ModelSpec:
         """Fill param_count from the shape, so a hand-built spec is consistent by default."""
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ModelReadError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
+            )
         if self.num_experts and self.experts_per_token > self.num_experts:
             raise ModelReadError(f"experts_per_token={self.experts_per_token} exceeds num_experts={self.num_experts}")
         if self.num_moe_layers > self.num_layers:

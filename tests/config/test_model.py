@@ -419,6 +419,13 @@ def test_unknown_architecture_with_standard_keys_parses() -> None:
     assert m.param_count == 8_030_261_248
 
 
+def test_errors_without_a_path_name_config_json() -> None:
+    with pytest.raises(ModelReadError, match=r"^model 'x': config.json has 'num_attention_heads': 0; it must be"):
+        model_from_config({**load("llama-3.1-8b"), "num_attention_heads": 0}, "x")
+    with pytest.raises(ModelReadError, match=r"^model 'x': /m/config.json has 'architectures': \['BertModel'\]"):
+        model_from_config({**load("llama-3.1-8b"), "architectures": ["BertModel"]}, "x", path="/m/config.json")
+
+
 def test_qwen2_moe_shared_expert_and_sparse_layers() -> None:
     config = {
         "architectures": ["Qwen2MoeForCausalLM"],
@@ -466,6 +473,8 @@ def test_hand_built_spec_fills_param_count_and_keeps_a_given_one() -> None:
         "tie_word_embeddings": False,
     }
     assert ModelSpec(**fields).param_count == 8_030_261_248
+    with pytest.raises(ValueError, match="num_attention_heads=32 is not a multiple of num_kv_heads=12"):
+        ModelSpec(**{**fields, "num_kv_heads": 12})
     assert ModelSpec(**fields, param_count=123).param_count == 123
     with pytest.raises(ValueError):
         ModelSpec(**fields).num_layers = 1  # type: ignore[misc]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +55,125 @@ def test_directory_without_config_is_a_clear_error(tmp_path: Path) -> None:
 def test_config_without_required_key_is_a_clear_error(tmp_path: Path, key: str) -> None:
     config = {k: v for k, v in load("llama-3.1-8b").items() if k != key}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelReadError, match=rf"^model '{tmp_path}': config.json lacks '{key}'$"):
+    with pytest.raises(ModelReadError, match=rf"^{where(tmp_path)} lacks '{key}'$"):
         read_model(tmp_path)
+
+
+def where(tmp_path: Path) -> str:
+    """The start of every config.json error: the model, then the file it was read from."""
+    return re.escape(f"model '{tmp_path}': {tmp_path / 'config.json'}")
+
+
+def refused(tmp_path: Path, config: dict[str, Any], pattern: str) -> None:
+    """read_model of a directory holding ``config`` fails with one line: the file, then ``pattern``."""
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelReadError) as err:
+        read_model(tmp_path)
+    message = str(err.value)
+    assert "\n" not in message
+    assert re.fullmatch(rf"{where(tmp_path)} {pattern}", message), message
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("num_attention_heads", 0),  # no head_dim in Llama's config: once a ZeroDivisionError
+        ("num_attention_heads", -4),
+        ("num_hidden_layers", 0),
+        ("hidden_size", 0),
+        ("vocab_size", -1),
+        ("intermediate_size", 0),
+        ("num_key_value_heads", 0),
+        ("head_dim", 0),
+        ("max_position_embeddings", 0),
+    ],
+)
+def test_count_below_one_is_a_clear_error(tmp_path: Path, key: str, value: int) -> None:
+    config = {**load("llama-3.1-8b"), key: value}
+    refused(tmp_path, config, rf"has '{key}': {value}; it must be at least 1")
+
+
+def test_count_under_an_alias_is_named_as_written(tmp_path: Path) -> None:
+    config = {k: v for k, v in load("llama-3.1-8b").items() if k != "num_attention_heads"}
+    refused(tmp_path, {**config, "n_head": 0}, r"has 'n_head': 0; it must be at least 1")
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "pattern"),
+    [
+        (4, 3, r"has 'num_attention_heads': 4, not a multiple of 'num_key_value_heads': 3; .*"),
+        (4, 8, r"has 'num_key_value_heads': 8, more than 'num_attention_heads': 4; .*"),
+    ],
+)
+def test_heads_that_kv_heads_do_not_divide_are_a_clear_error(
+    tmp_path: Path, heads: int, kv_heads: int, pattern: str
+) -> None:
+    config = {**load("llama-3.1-8b"), "num_attention_heads": heads, "num_key_value_heads": kv_heads}
+    refused(tmp_path, config, pattern)
+
+
+def test_architectures_as_one_string_is_that_architecture(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**load("llama-3.1-8b"), "architectures": "LlamaForCausalLM"}))
+    assert read_model(tmp_path).architecture == "LlamaForCausalLM"  # not "L"
+
+
+@pytest.mark.parametrize("value", [5, [5], {"name": "LlamaForCausalLM"}, True])
+def test_architectures_not_names_is_a_clear_error(tmp_path: Path, value: object) -> None:
+    config = {**load("llama-3.1-8b"), "architectures": value}
+    refused(
+        tmp_path, config, rf"has 'architectures': {re.escape(repr(value))}; expected a list of model class names .*"
+    )
+
+
+@pytest.mark.parametrize(
+    "architecture",
+    ["BertModel", "WhisperForConditionalGeneration", "T5ForConditionalGeneration", "LlamaForSequenceClassification"],
+)
+def test_architecture_that_is_not_a_chat_model_is_refused(tmp_path: Path, architecture: str) -> None:
+    config = {**load("llama-3.1-8b"), "architectures": [architecture]}
+    pattern = rf"has 'architectures': \['{architecture}'\], not a causal language model; this project serves chat .*"
+    refused(tmp_path, config, pattern)
+
+
+@pytest.mark.parametrize(
+    "architectures",
+    [
+        ["GPT2LMHeadModel"],
+        ["Qwen2VLForConditionalGeneration"],
+        ["Gemma3ForConditionalGeneration"],
+        ["LlavaForConditionalGeneration"],
+        ["InternVLChatModel"],
+        ["ChatGLMModel"],
+        ["LlamaModel", "LlamaForCausalLM"],
+    ],
+)
+def test_chat_architectures_are_served(tmp_path: Path, architectures: list[str]) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**load("llama-3.1-8b"), "architectures": architectures}))
+    assert read_model(tmp_path).architecture == architectures[-1]
+
+
+def test_every_test_model_is_a_chat_architecture() -> None:
+    for path in DATA.glob("*.json"):
+        assert read_model(path).architecture.endswith("ForCausalLM"), path
+
+
+def test_config_without_architectures_is_read_as_before(tmp_path: Path) -> None:
+    config = {k: v for k, v in load("llama-3.1-8b").items() if k != "architectures"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    m = read_model(tmp_path)
+    assert m.architecture == "" and m.param_count == 8_030_261_248
+
+
+@pytest.mark.parametrize("per_token", [0, 9, -1])
+def test_moe_top_k_outside_one_to_experts_is_a_clear_error(tmp_path: Path, per_token: int) -> None:
+    config = {**load("mixtral-8x7b"), "num_experts_per_tok": per_token}
+    pattern = rf"has 'num_experts_per_tok': {per_token}; each token goes to 1 to 8 experts \('num_local_experts'\)"
+    refused(tmp_path, config, pattern)
+
+
+def test_negative_expert_count_is_a_clear_error(tmp_path: Path) -> None:
+    config = {**load("mixtral-8x7b"), "num_local_experts": -8}
+    refused(tmp_path, config, r"has 'num_local_experts': -8; it must be 0 \(a dense model\) or more")
 
 
 def test_invalid_json_is_a_clear_error(tmp_path: Path) -> None:
