@@ -285,9 +285,12 @@ def build_commands(
     api_key: str | None = None,
     all_gpus: int | None = None,
     cores: int | None = None,
+    extra_args: list[str] | None = None,
 ) -> list[Command]:
     """Every node's engines (the same on each when they run their own); split across nodes, the
-    API server on node 0 and a headless worker on each other node."""
+    API server on node 0 and a headless worker on each other node. ``extra_args``
+    (``engine.extra_args``) end every vLLM command line, as ``serve`` passes them."""
+    extra = extra_args or []
     outer = os.environ.get("CUDA_VISIBLE_DEVICES")
     if plan.split_across_nodes:
         env = engine_env(plan, all_gpus, outer)
@@ -295,9 +298,9 @@ def build_commands(
         if api_key:
             head_env["VLLM_API_KEY"] = "<your engine.api_key>"  # never printed; serve passes the real one
         argv = engine_argv(plan, python=python, model_path=model_path, host=host, port=port) + node_flags(plan, 0)
-        commands = [Command(role="engine-head", node=0, argv=argv, env=head_env)]
+        commands = [Command(role="engine-head", node=0, argv=with_extra_args(argv, extra), env=head_env)]
         for node in range(1, plan.nodes):
-            argv = worker_argv(plan, python=python, model_path=model_path, node_rank=node)
+            argv = with_extra_args(worker_argv(plan, python=python, model_path=model_path, node_rank=node), extra)
             commands.append(
                 Command(role="engine-worker", node=node, argv=argv, env={**env, "VLLM_HOST_IP": f"<node-{node}-ip>"})
             )
@@ -307,7 +310,7 @@ def build_commands(
         for engine in range(plan.engine_count):
             at = engine_port(port, engine) if plan.routed else port
             where = host if node == 0 else f"<node-{node}-ip>"  # the head's router must reach it
-            argv = engine_argv(plan, python=python, model_path=model_path, host=where, port=at)
+            argv = with_extra_args(engine_argv(plan, python=python, model_path=model_path, host=where, port=at), extra)
             env = engine_env(plan, all_gpus, outer, engine, cores)
             if api_key:
                 env["VLLM_API_KEY"] = "<your engine.api_key>"  # never printed; serve passes the real one

@@ -75,5 +75,6 @@ def plan_for(settings: Settings, model_path: str | Path | None = None) -> Planne
         api_key=settings.engine.api_key,
         all_gpus=hardware.gpus_per_node,
         cores=hardware.node.cpu_cores,
+        extra_args=settings.engine.extra_args,
     )
     return Planned(hardware=hardware, model=model, plan=plan, notes=notes)

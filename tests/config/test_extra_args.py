@@ -3,16 +3,19 @@ of two, so the plan shown, and its reasons, would not be what runs."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
+from support.services import clear_settings_env
 
 from config.commands import engine_argv, with_extra_args
 from config.errors import SettingsError
 from config.hardware import load_profile
 from config.model import read_model
+from config.pipeline import plan_for
 from config.planner import make_plan
-from config.settings import WorkloadSettings
+from config.settings import WorkloadSettings, load_settings
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -56,3 +59,19 @@ def test_flags_the_plan_does_not_set_pass() -> None:
     # on the CPU engine the plan passes no parallel sizes, so they are the user's to add
     cpu = planned_argv("cpu-only")
     assert with_extra_args(cpu, ["-tp", "1"]) == [*cpu, "-tp", "1"]
+
+
+def test_the_plans_command_lines_carry_extra_args_and_refuse_a_repeat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``plan`` prints the exact lines ``serve`` runs: extra_args on every engine's, and a repeat is
+    refused by ``plan`` too, not first by ``serve``."""
+    clear_settings_env(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(DATA / "ernie-4.5-0.3b-pt.json", tmp_path / "config.json")
+    flat = {"model.id": str(tmp_path), "engine.hardware": "1xH200", "workload.users": 256}
+    planned = plan_for(load_settings({**flat, "engine.extra_args": ["--trust-remote-code"]}))
+    engines = [c for c in planned.plan.commands if c.role.startswith("engine")]
+    assert len(engines) == 2 and all(c.argv[-1] == "--trust-remote-code" for c in engines)
+    with pytest.raises(SettingsError, match="repeats what the plan already passes to vLLM: --max-num-seqs"):
+        plan_for(load_settings({**flat, "engine.extra_args": ["--max-num-seqs", "8"]}))
