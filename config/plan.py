@@ -299,6 +299,11 @@ def _cross_field_problems(plan: Plan) -> list[str]:
             out.append(
                 "device=cpu with async_scheduling=true: the CPU engine does not support it; valid on a CPU plan: false"
             )
+        if backend != "mp":
+            out.append(
+                f"device=cpu with distributed_executor_backend={backend}: the CPU engine's command leaves the executor "
+                "to vLLM ('mp' across nodes; its CPU platform refuses Ray); valid on a CPU plan: mp"
+            )
     else:
         if len(set(plan.gpus)) != len(plan.gpus):
             out.append(f"gpus={plan.gpus}: a GPU plan names each GPU it uses on a node once; re-plan with `plan`")

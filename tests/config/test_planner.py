@@ -330,6 +330,9 @@ def test_a_cpu_plan_refuses_pins_its_engine_would_not_run() -> None:
         plan("cpu-only", pins={"api_server_count": 2})
     with pytest.raises(PlanError, match=r"device=cpu with async_scheduling=true: .* valid on a CPU plan: false"):
         plan("cpu-only", pins={"async_scheduling": True})
+    for backend in ("ray", "uni"):
+        with pytest.raises(PlanError, match=rf"distributed_executor_backend={backend}: .* valid on a CPU plan: mp"):
+            plan("cpu-only", pins={"distributed_executor_backend": backend})
     assert "--api-server-count" not in engine_flags(plan("cpu-only"))
 
 
