@@ -60,6 +60,12 @@ def make_plan(
     served_name: str | None = None,
 ) -> Plan:
     """The plan, or PlanError naming the broken rule and the valid alternatives."""
+    one_request = workload.prompt_tokens + workload.reply_tokens
+    if one_request > model.max_context:
+        raise PlanError(
+            f"workload.prompt_tokens + reply_tokens = {workload.prompt_tokens:,} + {workload.reply_tokens:,}: more "
+            f"than the model's context of {model.max_context:,} tokens; a typical request must fit in one"
+        )
     draft, memory = _draft(hardware, model, workload, coerce_pins(pins or {}))
     _explain_pins(draft, hardware, model, workload)
     try:

@@ -72,7 +72,10 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UsageError(f"--set {item!r}: expected KEY=VALUE, e.g. --set tensor_parallel_size=2")
-        pins[key.strip()] = value.strip()
+        key = key.strip()
+        if key in pins and pins[key] != value.strip():
+            raise UsageError(f"--set {key} given twice ({pins[key]} and {value.strip()}): keep the one you mean")
+        pins[key] = value.strip()
     flat: dict[str, Any] = {
         "model.id": getattr(args, "model", None),
         "engine.hardware": getattr(args, "hardware", None),

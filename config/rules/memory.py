@@ -20,6 +20,8 @@ TP_COMM_RESERVE = int(0.25 * GIB)  # NCCL / custom all-reduce buffers
 CPU_RUNTIME_RESERVE = int(2.0 * GIB)  # the engine's Python processes and the chat app
 CPU_KV_SHARE = 0.4  # at most this share of RAM left after weights goes to the KV cache
 MIN_CONTEXT = 256
+MIN_PINNED_CONTEXT = 16
+"""The shortest context one may ask for (``workload.context``'s own lower bound, for a pin too)."""
 
 
 def weights_per_gpu(model: ModelSpec, tp: int, pp: int) -> int:
@@ -135,6 +137,15 @@ def choose_max_len(draft: Draft, model: ModelSpec, workload: WorkloadSettings, k
             raise PlanError(
                 f"{key}={wanted:,}: {where} holds only {kv_tokens:,} tokens; use a context of at most "
                 f"{kv_tokens:,}, more memory (more GPUs or higher gpu_memory_utilization), or a smaller model"
+            )
+        if wanted < MIN_PINNED_CONTEXT:
+            raise PlanError(f"{key}={wanted}: a context holds at least {MIN_PINNED_CONTEXT} tokens")
+        typical = workload.prompt_tokens + workload.reply_tokens
+        if wanted < typical:
+            draft.warnings.append(
+                f"{key}={wanted:,} is shorter than a typical request ({workload.prompt_tokens:,} prompt + "
+                f"{workload.reply_tokens:,} reply tokens, workload.prompt_tokens and reply_tokens): chats keep fewer "
+                "earlier turns and longer prompts are refused"
             )
         return draft.set("max_model_len", wanted, "the context you asked for; it fits in the KV cache")
     if model.max_context <= kv_tokens:

@@ -513,6 +513,9 @@ def test_cli_plan_prints_each_nodes_part_and_serve_line() -> None:
         (["--hardware", "1xL4", "--model", str(DATA / "llama-3.1-70b.json")], "does not fit"),
         (["--hardware", "no-such-profile"], "no-such-profile"),
         (["--set", "oops"], "expected KEY=VALUE"),
+        (["--set", "max_num_seqs=8", "--set", "max_num_seqs=32"], "--set max_num_seqs given twice (8 and 32)"),
+        (["--prompt-tokens", "10000000"], "more than the model's context of 131,072 tokens"),
+        (["--set", "max_model_len=10"], "max_model_len=10: a context holds at least 16 tokens"),
     ],
 )
 def test_cli_bad_input_exits_2_with_one_line(args: list[str], message: str) -> None:
@@ -625,3 +628,12 @@ def test_a_routed_plan_whose_ports_run_past_65535_is_refused(tmp_path: Path, mon
     assert fits.plan.engine_count == 2 and plan_ports(fits.plan, 65532) == [65532, 65533, 65534, 65535]
     with pytest.raises(PlanError, match="choose --engine-port 65532 or lower"):
         plan_for(load_settings({**flat, "engine.port": 65533}))
+
+
+def test_a_context_shorter_than_a_typical_request_is_planned_with_a_warning() -> None:
+    short = plan("1xH200", context=512, prompt_tokens=512, reply_tokens=256)
+    assert short.max_model_len == 512
+    assert any(
+        "workload.context=512 is shorter than a typical request (512 prompt + 256 reply" in w for w in short.warnings
+    )
+    assert not any("typical request" in w for w in plan("1xH200", context=1024, prompt_tokens=512).warnings)
