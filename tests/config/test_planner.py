@@ -637,3 +637,16 @@ def test_a_context_shorter_than_a_typical_request_is_planned_with_a_warning() ->
         "workload.context=512 is shorter than a typical request (512 prompt + 256 reply" in w for w in short.warnings
     )
     assert not any("typical request" in w for w in plan("1xH200", context=1024, prompt_tokens=512).warnings)
+
+
+def test_gpus_older_than_vllm_takes_are_refused_or_left_out(tmp_path: Path) -> None:
+    """vLLM needs compute capability 7.0: a K80 alone is refused; beside an A10 it is left out."""
+    k80 = 'name = "Tesla K80"\ncount = 1\nmemory_gib = 12\ncompute_capability = "3.7"\n'
+    a10 = 'name = "NVIDIA A10"\ncount = 1\nmemory_gib = 22.5\ncompute_capability = "8.6"\n'
+    node = 'name = "old"\n[node]\ncpu_cores = 8\nmemory_gib = 64\n'
+    (tmp_path / "k80.toml").write_text(node + "[[node.gpus]]\n" + k80)
+    (tmp_path / "k80-a10.toml").write_text(node + "[[node.gpus]]\n" + k80 + "[[node.gpus]]\n" + a10)
+    with pytest.raises(PlanError, match=r"GPU 0 \(Tesla K80, cc 3\.7\): vLLM needs compute capability 7\.0 or newer"):
+        make_plan(load_profile(str(tmp_path / "k80.toml")), model(ERNIE), WorkloadSettings())
+    mixed = make_plan(load_profile(str(tmp_path / "k80-a10.toml")), model(ERNIE), WorkloadSettings())
+    assert mixed.gpus == [1] and any("left out: GPU 0 (Tesla K80, cc 3.7)" in w for w in mixed.warnings)
