@@ -48,8 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label", default="", help="free text stored with the results")
 
 
-def running_target(settings: Settings, url: str | None, model: str | None) -> tuple[str, str, dict[str, Any]]:
-    """URL, served name and what the status file and plan.json say about the engine there."""
+def running_target(
+    settings: Settings, url: str | None, model: str | None, elsewhere: str = "pass --url and --served-model"
+) -> tuple[str, str, dict[str, Any]]:
+    """URL, served name and what the status file and plan.json say about the engine there.
+    ``elsewhere``: how the command reaches an engine this run dir did not start (its flags)."""
     run_dir = settings.engine.run_dir
     status = RunDir(run_dir).status()
     context: dict[str, Any] = {"notes": []}
@@ -70,7 +73,7 @@ def running_target(settings: Settings, url: str | None, model: str | None) -> tu
     elif url is None:
         raise EngineNotReady(
             f"no running engine found in {run_dir} (status file); start one with `python -m backend serve` "
-            "or pass --url and --served-model"
+            f"or {elsewhere}"
         )
     else:
         context["notes"].append(f"{url} is not the engine of {run_dir}: no plan or hardware recorded")

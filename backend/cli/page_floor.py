@@ -34,7 +34,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.rounds < 1 or args.max_tokens < 1:
         raise UsageError("--rounds and --max-tokens: at least 1")
     levels = parse_levels(args.concurrency)
-    url, model, _ = running_target(settings, None, None)
+    url, model, _ = running_target(
+        settings, None, None, elsewhere="name the run dir of the page's engine (ERNIECHAT_ENGINE__RUN_DIR)"
+    )
     out = Path(args.out or f"bench-results/page-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     echo = ChatPage("127.0.0.1", free_port(), {}, out / "echo-app.log", app=ECHO_APP)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.services import ROOT, Engine, backend_env
+from support.services import ROOT, Engine, backend_env, run_backend
 
 from backend.engine_api import ChatResult
 from backend.measure.bench import BenchRow, cap_levels, page_added_ttft
@@ -239,3 +239,12 @@ def test_bench_page_compares_gaps_per_token_not_per_socket_message() -> None:
     d, pg = figures([direct]), figures([page])
     assert d.token_gap_p50_ms == pytest.approx(10.0) and pg.token_gap_p50_ms == pytest.approx(10.0)
     assert pg.itl_p50_ms == pytest.approx(40.0), "the gap between messages stays on record"
+
+
+@pytest.mark.parametrize(
+    ("command", "how"),
+    [("bench", "pass --url and --served-model"), ("bench-page", "name the run dir of the page's engine")],
+)
+def test_without_an_engine_each_command_names_its_own_way_to_one(tmp_path: Path, command: str, how: str) -> None:
+    done = run_backend(tmp_path, command, timeout=120)
+    assert done.returncode == 2 and f"no running engine found in {tmp_path}" in done.stderr and how in done.stderr
