@@ -337,8 +337,12 @@ def main(argv: list[str] | None = None) -> int:
         start = time.monotonic()
         try:
             write_demo_model(directory, full_size=args.full_size, seed=args.seed)
-        except FileExistsError as exc:
-            print(f"demo model: {exc}", file=sys.stderr)
+        except OSError as exc:  # our own refusal, or what the system says about the path
+            if exc.filename and Path(exc.filename).is_file():
+                why = f"{exc.filename} is a file, not a directory"
+            else:
+                why = f"{exc.strerror}: {exc.filename}" if exc.strerror else str(exc)
+            print(f"demo model: cannot write {directory}: {why}", file=sys.stderr)
             return 1
         print(f"demo model: written in {time.monotonic() - start:.1f} s", file=sys.stderr)
     print(_summary(directory))

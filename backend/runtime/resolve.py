@@ -42,7 +42,8 @@ def ensure_demo(settings: Settings) -> Path:
         ) from None
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise ModelReadError(f"writing the demo model failed: {tail[0]}")
+        said = tail[0]  # the writer's own "demo model: cannot write ..." line, else its last words
+        raise ModelReadError(said if said.startswith("demo model: ") else f"writing the demo model failed: {said}")
     return target
 
 

@@ -52,7 +52,8 @@ def load_profile(name_or_path: str) -> Hardware:
     label = spec if is_path else path.name
     if not path.is_file():
         if is_path:
-            raise HardwareError(f"profile '{label}': file not found")
+            what = "a directory, not a .toml file" if path.is_dir() else "file not found"
+            raise HardwareError(f"profile '{label}': {what}")
         raise HardwareError(
             f"unknown hardware profile {spec!r}; shipped: {', '.join(list_profiles())}"
             " (or 'auto', or a path to a .toml file)"

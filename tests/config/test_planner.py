@@ -512,6 +512,7 @@ def test_cli_plan_prints_each_nodes_part_and_serve_line() -> None:
         (["--hardware", "2xA10-pcie", "--set", "tensor_parallel_size=4"], "2 GPUs per node"),
         (["--hardware", "1xL4", "--model", str(DATA / "llama-3.1-70b.json")], "does not fit"),
         (["--hardware", "no-such-profile"], "no-such-profile"),
+        (["--hardware", str(DATA)], "a directory, not a .toml file"),
         (["--set", "oops"], "expected KEY=VALUE"),
         (["--set", "max_num_seqs=8", "--set", "max_num_seqs=32"], "--set max_num_seqs given twice (8 and 32)"),
         (["--prompt-tokens", "10000000"], "more than the model's context of 131,072 tokens"),

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.services import run_backend
 
 from backend.runtime.demo_model import DEMO_MARKER, is_demo_model, write_demo_model
 
@@ -262,3 +263,15 @@ def test_refuses_to_overwrite_a_real_checkpoint(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError):
         write_demo_model(real)
     assert [p.name for p in real.iterdir()] == ["config.json"]
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "real-checkpoint"])
+def test_demo_model_command_says_why_it_cannot_write(tmp_path: Path, where: str) -> None:
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "config.json").write_text("{}")
+    target = tmp_path / ("afile/demo" if where == "under-a-file" else "real")
+    done = run_backend(tmp_path / "run", "demo-model", str(target), timeout=TIMEOUT_S)
+    said = f"{tmp_path / 'afile'} is a file, not a directory" if where == "under-a-file" else "is not a demo checkpoint"
+    assert done.returncode == 2 and f"error: demo model: cannot write {target}: " in done.stderr, done.stderr
+    assert said in done.stderr and "Traceback" not in done.stderr
