@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from config.errors import PlanError
 from config.hardware import GPUInfo, NodeInfo
@@ -56,14 +56,17 @@ def fits(model: ModelSpec, tp: int, pp: int, usable: int, mnbt: int, seqs: int, 
     return kv_tokens(model, tp, pp, usable, mnbt, seqs) >= min_tokens
 
 
-def not_fit_error(model: ModelSpec, gpu: GPUInfo, usable: int, gpus: int) -> PlanError:
-    """The model fits at no split here: say how much it needs and what would fit instead."""
+def not_fit_error(model: ModelSpec, gpu: GPUInfo, usable: int, gpus: int, pins: dict[str, Any]) -> PlanError:
+    """The model fits at no split here: say how much it needs and what would fit instead (first of
+    all a higher gpu_memory_utilization when the user pinned it)."""
     w = model.weight_bytes()
     need = w + CUDA_RUNTIME_RESERVE
     n_needed = max(2, math.ceil(need / usable))
     n_pow2 = 1 << (n_needed - 1).bit_length()
     four_bit = model.param_count // 2
     hints = [f"{n_pow2} or more GPUs of {gpu.memory_bytes / GIB:g} GiB (tensor/pipeline parallel)"]
+    if "gpu_memory_utilization" in pins:
+        hints.insert(0, f"a higher gpu_memory_utilization than your pin of {pins['gpu_memory_utilization']}")
     if four_bit + CUDA_RUNTIME_RESERVE < usable * gpus:
         hints.append(f"4-bit quantisation (~{four_bit / GIB:.0f} GiB of weights)")
     hints.append("a smaller model")

@@ -209,7 +209,7 @@ def choose_parallel(
                 f"{model.source} does not fit in {smallest.memory_bytes / GIB:g} GiB GPUs at that split; "
                 f"splits that fit: {good}"
             )
-        raise not_fit_error(model, smallest, usable, gpn)
+        raise not_fit_error(model, smallest, usable, gpn, draft.pins)
     tp_min, pp = fitting[0]
     tp = tp_min
     per_gpu = weights_per_gpu(model, tp_min, pp)
@@ -292,13 +292,13 @@ def _across_nodes(
     else:
         stages = [p for p in range(2, min(hardware.nodes, model.num_layers) + 1) if fits_at(tp, p)]
         if not stages:
-            raise not_fit_error(model, smallest, usable, hardware.total_gpus)
+            raise not_fit_error(model, smallest, usable, hardware.total_gpus, draft.pins)
         pp = stages[0]
         reason = (
             f"too big for one node's {gpn} GPUs: {pp} pipeline stages, one per node; only activations cross the network"
         )
     if not fits_at(tp, pp):
-        raise not_fit_error(model, smallest, usable, hardware.total_gpus)
+        raise not_fit_error(model, smallest, usable, hardware.total_gpus, draft.pins)
     draft.set(
         "tensor_parallel_size",
         tp,

@@ -513,6 +513,10 @@ def test_cli_plan_prints_each_nodes_part_and_serve_line() -> None:
         (["--hardware", "1xL4", "--model", str(DATA / "llama-3.1-70b.json")], "does not fit"),
         (["--hardware", "no-such-profile"], "no-such-profile"),
         (["--hardware", str(DATA)], "a directory, not a .toml file"),
+        (
+            ["--hardware", "1xA10", "--set", "gpu_memory_utilization=0.01"],
+            "would fit: a higher gpu_memory_utilization than your pin of 0.01;",
+        ),
         (["--set", "oops"], "expected KEY=VALUE"),
         (["--set", "max_num_seqs=8", "--set", "max_num_seqs=32"], "--set max_num_seqs given twice (8 and 32)"),
         (["--prompt-tokens", "10000000"], "more than the model's context of 131,072 tokens"),
