@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from backend.cli.options import add_client_processes, add_served_model
+from backend.cli.options import above_zero, add_client_processes, add_served_model, at_least_one
 from backend.errors import EngineDown, EngineNotReady, UsageError
 from backend.measure.bench import (
     DEFAULT_LEVELS,
@@ -37,12 +37,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", help="engine base URL (default: the running engine's, from the status file)")
     add_served_model(p)
     p.add_argument("--concurrency", default=",".join(map(str, DEFAULT_LEVELS)), help="levels, e.g. 1,4,16,64")
-    p.add_argument("--requests-per-level", type=int, help="requests per level (default max(8, 2 x concurrency))")
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="reply tokens per request (fixed)")
+    p.add_argument(
+        "--requests-per-level", type=at_least_one, help="requests per level (default max(8, 2 x concurrency))"
+    )
+    p.add_argument(
+        "--max-tokens", type=at_least_one, default=DEFAULT_MAX_TOKENS, help="reply tokens per request (fixed)"
+    )
     p.add_argument("--prompt-mix", default=",".join(DEFAULT_MIX), help="short,medium,long and/or token counts")
     p.add_argument("--page", metavar="URL", help="also drive the Chainlit page at URL (e.g. http://127.0.0.1:8080)")
     p.add_argument("--keepalive", choices=sorted(KEEPALIVE_VARIANTS), default="on", help="direct client keep-alive")
-    p.add_argument("--time-cap-s", type=float, default=LEVEL_TIME_CAP_S, help="no new request after this, per level")
+    p.add_argument(
+        "--time-cap-s", type=above_zero, default=LEVEL_TIME_CAP_S, help="no new request after this, per level"
+    )
     add_client_processes(p)
     p.add_argument("--out", help="output directory (default bench-results/<timestamp>)")
     p.add_argument("--label", default="", help="free text stored with the results")

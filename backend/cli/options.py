@@ -56,6 +56,17 @@ def at_least_one(text: str) -> int:
     return n
 
 
+def above_zero(text: str) -> float:
+    """argparse type: a number > 0 (a time or a bound)."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = 0.0
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number above 0")
+    return x
+
+
 def add_client_processes(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--client-processes",

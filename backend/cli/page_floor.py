@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from backend.cli.bench import running_target
+from backend.cli.options import at_least_one
 from backend.errors import UsageError
 from backend.measure.bench import parse_levels, this_machine
 from backend.measure.page_floor import FloorOptions, as_json, measure_floor
@@ -24,8 +25,8 @@ ECHO_APP = "backend/measure/echo_app.py"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page", metavar="URL", default="http://127.0.0.1:8080", help="the running chat page (`up`)")
     p.add_argument("--concurrency", default="1,16", help="chats at once, e.g. 1,16")
-    p.add_argument("--rounds", type=int, default=20, help="alternating rounds per level (default 20)")
-    p.add_argument("--max-tokens", type=int, default=64, help="reply tokens (page and direct alike)")
+    p.add_argument("--rounds", type=at_least_one, default=20, help="alternating rounds per level (default 20)")
+    p.add_argument("--max-tokens", type=at_least_one, default=64, help="reply tokens (page and direct alike)")
     p.add_argument("--out", help="output directory (default bench-results/page-<time>)")
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from backend.cli.options import at_least_one
 from backend.errors import UsageError
 from backend.measure.verify.run import DEFAULT_PROMPTS, DEFAULT_REPLY_TOKENS, render, run_verify
 from config.settings import Settings
@@ -17,9 +18,14 @@ HELP = "check the running engine: parallel sizes in its log, one process per GPU
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object: the checks and the overall result")
     p.add_argument("--page", metavar="URL", help="send the prompts through the chat page at URL (else to the engine)")
-    p.add_argument("--prompts", type=int, default=DEFAULT_PROMPTS, help="prompts of different lengths (default 10)")
     p.add_argument(
-        "--reply-tokens", type=int, default=DEFAULT_REPLY_TOKENS, help="tokens per reply (default 32; engine path)"
+        "--prompts", type=at_least_one, default=DEFAULT_PROMPTS, help="prompts of different lengths (default 10)"
+    )
+    p.add_argument(
+        "--reply-tokens",
+        type=at_least_one,
+        default=DEFAULT_REPLY_TOKENS,
+        help="tokens per reply (default 32; engine path)",
     )
     p.add_argument("--run-dir", type=Path, help="the engine's run dir (default: engine.run_dir)")
 

@@ -248,3 +248,18 @@ def test_bench_page_compares_gaps_per_token_not_per_socket_message() -> None:
 def test_without_an_engine_each_command_names_its_own_way_to_one(tmp_path: Path, command: str, how: str) -> None:
     done = run_backend(tmp_path, command, timeout=120)
     assert done.returncode == 2 and f"no running engine found in {tmp_path}" in done.stderr and how in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["tune", "--dry-run", "--concurrency", "0"], "argument --concurrency: '0': a whole number, at least 1"),
+        (["tune", "--dry-run", "--time-budget-s", "-1"], "argument --time-budget-s: '-1': a number above 0"),
+        (["tune", "--dry-run", "--objective-ms", "-5"], "argument --objective-ms: '-5': a number above 0"),
+        (["bench", "--max-tokens", "0"], "argument --max-tokens: '0': a whole number, at least 1"),
+        (["verify", "--prompts", "0"], "argument --prompts: '0': a whole number, at least 1"),
+    ],
+)
+def test_counts_and_times_below_one_are_refused_by_the_flags(tmp_path: Path, args: list[str], said: str) -> None:
+    done = run_backend(tmp_path, *args, timeout=120)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
