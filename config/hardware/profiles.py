@@ -82,12 +82,14 @@ def _bad(message: str, **ctx: Any) -> PydanticCustomError:
     return PydanticCustomError("profile", message.replace("{", "{{").replace("}", "}}"), ctx or None)
 
 
-def _whole(minimum: int) -> Callable[[Any], int]:
+def _whole(minimum: int, maximum: int | None = None) -> Callable[[Any], int]:
     def check(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise _bad("must be a whole number")
         if value < minimum:
             raise _bad(f"must be at least {minimum}")
+        if maximum is not None and value > maximum:
+            raise _bad(f"must be at most {maximum}")
         return value
 
     return check
@@ -162,6 +164,9 @@ def _tables(written: str) -> Callable[[Any], Any]:
     return check
 
 
+MAX_GPUS_PER_NODE = 64
+MAX_NODES = 1024
+"""Beyond any machine or cluster this plans for; a typo of 1000 nodes x 1000 GPUs printed 2 million lines."""
 Whole1 = Annotated[int, PlainValidator(_whole(1))]
 Text = Annotated[str, PlainValidator(_string)]
 # Optional keys: absent means None; TOML has no null, so a value given is always checked.
@@ -181,7 +186,7 @@ class GPUTable(_Table):
     """One ``[[node.gpus]]`` table: ``count`` identical GPUs and how they are linked."""
 
     name: Text
-    count: Whole1 = 1
+    count: Annotated[int, PlainValidator(_whole(1, MAX_GPUS_PER_NODE))] = 1
     memory_gib: GiB
     compute_capability: Annotated[tuple[int, int], PlainValidator(_capability)]
     link: Annotated[str, PlainValidator(_link)] = "pcie"
@@ -243,7 +248,7 @@ class ProfileFile(_Table):
 
     name: OptionalText = None
     """Defaults to the file's stem."""
-    nodes: Whole1 = 1
+    nodes: Annotated[int, PlainValidator(_whole(1, MAX_NODES))] = 1
     node: Annotated[NodeTable, BeforeValidator(_table("[node]"))]
 
     def hardware(self, source: str, default_name: str) -> Hardware:

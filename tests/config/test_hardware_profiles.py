@@ -236,6 +236,11 @@ ERRORS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("node.gpus[0].count = 0", "must be at least 1"),
     ),
     "nodes zero": ("nodes = 0\n" + GOOD_NODE, ("nodes = 0", "must be at least 1")),
+    "nodes a typo": ("nodes = 5000\n" + GOOD_NODE, ("nodes = 5000", "must be at most 1024")),
+    "count a typo": (
+        GOOD_NODE + GPU + "count = 1000\n",
+        ("node.gpus[0].count = 1000", "must be at most 64"),
+    ),
     "node memory zero": (
         "[node]\ncpu_cores = 8\nmemory_gib = 0\n",
         ("node.memory_gib = 0", "must be greater than 0"),
