@@ -66,10 +66,11 @@ def plan_for(settings: Settings, model_path: str | Path | None = None) -> Planne
             f"engine.port {ports[0]}: the plan's {plan.engine_count} engines and the router's metrics listen on the "
             f"{len(ports) - 1} ports after it, past 65535; choose --engine-port {65535 - len(ports) + 1} or lower"
         )
+    served_from = str(Path(source).parent) if Path(source).is_file() else source  # a config.json given: its dir
     plan.commands = build_commands(
         plan,
         python=settings.engine.python,
-        model_path=source,
+        model_path=served_from,
         host=settings.engine.host,
         port=settings.engine.port,
         api_key=settings.engine.api_key,

@@ -655,3 +655,10 @@ def test_gpus_older_than_vllm_takes_are_refused_or_left_out(tmp_path: Path) -> N
         make_plan(load_profile(str(tmp_path / "k80.toml")), model(ERNIE), WorkloadSettings())
     mixed = make_plan(load_profile(str(tmp_path / "k80-a10.toml")), model(ERNIE), WorkloadSettings())
     assert mixed.gpus == [1] and any("left out: GPU 0 (Tesla K80, cc 3.7)" in w for w in mixed.warnings)
+
+
+def test_a_config_json_given_as_the_model_plans_a_command_for_its_directory(tmp_path: Path) -> None:
+    shutil.copy(DATA / "ernie-4.5-0.3b-pt.json", tmp_path / "config.json")
+    done = run_cli("plan", "--model", str(tmp_path / "config.json"))
+    assert done.returncode == 0, done.stderr
+    assert f"--model {tmp_path} " in done.stdout and "config.json --" not in done.stdout
