@@ -661,4 +661,4 @@ def test_a_config_json_given_as_the_model_plans_a_command_for_its_directory(tmp_
     shutil.copy(DATA / "ernie-4.5-0.3b-pt.json", tmp_path / "config.json")
     done = run_cli("plan", "--model", str(tmp_path / "config.json"))
     assert done.returncode == 0, done.stderr
-    assert f"--model {tmp_path} " in done.stdout and "config.json --" not in done.stdout
+    assert f"--model {tmp_path} --served-model-name" in done.stdout
