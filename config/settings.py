@@ -71,7 +71,7 @@ class _Section(BaseModel):
 
 
 class ModelSettings(_Section):
-    id: str = "baidu/ERNIE-4.5-0.3B-PT"
+    id: str = Field(default="baidu/ERNIE-4.5-0.3B-PT", min_length=1)
     """Hugging Face id, a local directory, or ``demo`` for the built-in random-weight model."""
     revision: str | None = None
     served_name: str | None = None

@@ -513,6 +513,7 @@ def test_cli_plan_prints_each_nodes_part_and_serve_line() -> None:
         (["--hardware", "1xL4", "--model", str(DATA / "llama-3.1-70b.json")], "does not fit"),
         (["--hardware", "no-such-profile"], "no-such-profile"),
         (["--hardware", str(DATA)], "a directory, not a .toml file"),
+        (["--model", ""], "model.id: String should have at least 1 character"),
         (
             ["--hardware", "1xA10", "--set", "gpu_memory_utilization=0.01"],
             "would fit: a higher gpu_memory_utilization than your pin of 0.01;",
