@@ -97,6 +97,7 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         "workload.reply_tokens": getattr(args, "reply_tokens", None),
         "engine.port": getattr(args, "engine_port", None),
         "app.port": getattr(args, "page_port", None),
+        "app.host": getattr(args, "page_host", None),
     }
     if pins:
         flat["engine.pins"] = pins

@@ -15,6 +15,12 @@ HELP = "serve, then the chat page once the engine is ready; Ctrl-C stops all"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_plan_options(p)
     p.add_argument("--page-port", "--port", dest="page_port", type=int, help="chat page port (default 8080)")
+    p.add_argument(
+        "--host",
+        dest="page_host",
+        metavar="ADDRESS",
+        help="chat page address (default 127.0.0.1, this machine only; 0.0.0.0: every interface, with a login)",
+    )
     add_engine_port(p)
     p.add_argument("--no-warmup", action="store_true", help="skip warm-up")
 

@@ -71,7 +71,7 @@ def exposed_without_login(
         "   (or ERNIECHAT_APP__AUTH_SECRET)\n"
         "or in a settings file (a mounted file in a container) named by ERNIECHAT_CONFIG:\n"
         """  [app]\n  users = { demo = "a-good-password" }\n  auth_secret = "<a long random string>"\n"""
-        "or keep the page on this machine: ERNIECHAT_APP__HOST=127.0.0.1."
+        "or keep the page on this machine: --host 127.0.0.1 (ERNIECHAT_APP__HOST=127.0.0.1)."
     )
 
 

@@ -89,8 +89,10 @@ def test_enable_login_refuses_when_exposed_and_hands_the_secret_to_chainlit(monk
     assert os.environ[SECRET_ENV] == SECRET
 
 
-def test_up_refuses_an_exposed_page_without_login_before_the_engine_starts(tmp_path: Path) -> None:
-    up = BackendProcess(["up", "--model", "demo"], backend_env(tmp_path, ERNIECHAT_APP__HOST="0.0.0.0")).start()
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_up_refuses_an_exposed_page_without_login_before_the_engine_starts(tmp_path: Path, how: str) -> None:
+    args, env = (["--host", "0.0.0.0"], {}) if how == "flag" else ([], {"ERNIECHAT_APP__HOST": "0.0.0.0"})
+    up = BackendProcess(["up", "--model", "demo", *args], backend_env(tmp_path, **env)).start()
     assert up.wait(120) == 2
     out = up.output()
     assert "error: the chat page would listen on 0.0.0.0" in out and "ERNIECHAT_APP__USERS=" in out, out
