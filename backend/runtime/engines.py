@@ -7,9 +7,7 @@ API is up, ``/health`` answers and ``/v1/models`` lists the model.
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,12 +16,11 @@ import httpx
 
 from backend.engine_api import engine_url, headers, root_url
 from backend.errors import EngineStartError
+from backend.runtime.engine_tmp import engine_tmp_env, make_engine_tmp, record_owner
 from backend.runtime.logwatch import LogState, Phase
 from backend.runtime.process import EngineProcess
 
 ENGINE_CORE_TITLE = "VLLM::EngineCor"  # vLLM's process title "VLLM::EngineCore…", as Linux keeps 15 chars
-IPC_DIR_PREFIX = "erniechat-ipc-"
-"""An engine's own directory for vLLM's ZeroMQ sockets (``VLLM_RPC_BASE_PATH``), removed when it stops."""
 
 
 def start_waves(engine_count: int, engines_per_gpu: int, device: str) -> list[list[int]]:
@@ -65,7 +62,8 @@ class Engine:
         self.log = LogState()
         self._offset = 0
         self.restarts = 0
-        self.ipc_dir: Path | None = None
+        self.tmp_dir: Path | None = None
+        """Its own temporary directory while it runs (``backend.runtime.engine_tmp``)."""
 
     @property
     def base_url(self) -> str:
@@ -80,15 +78,15 @@ class Engine:
         return self.process.pid
 
     def start(self) -> None:
-        """Start the process, its IPC sockets in a directory of its own: vLLM leaves its ZeroMQ
-        socket files behind in /tmp (7 for each CPU engine start), and ``stop`` removes this one."""
+        """Start the process, its temporary files and sockets in a directory of its own."""
         self.log = LogState()
         self._offset = 0
-        base = self.env.get("VLLM_RPC_BASE_PATH") or os.environ.get("VLLM_RPC_BASE_PATH")
-        self.ipc_dir = Path(tempfile.mkdtemp(prefix=IPC_DIR_PREFIX, dir=base))
-        env = {**self.env, "VLLM_RPC_BASE_PATH": str(self.ipc_dir)}
+        self.tmp_dir = make_engine_tmp()
+        env = {**self.env, **engine_tmp_env(self.tmp_dir)}
         self.process = EngineProcess(self.argv, env, self.log_path, cwd=self.cwd)
         self.process.start()
+        if self.process.pid:
+            record_owner(self.tmp_dir, self.process.pid)
 
     def restart(self) -> None:
         """A fresh process with the same command line (after it died)."""
@@ -101,9 +99,9 @@ class Engine:
 
     def stop(self) -> None:
         self.process.stop()
-        if self.ipc_dir:
-            shutil.rmtree(self.ipc_dir, ignore_errors=True)
-            self.ipc_dir = None
+        if self.tmp_dir:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            self.tmp_dir = None
 
     def tail(self, n: int = 8) -> str:
         return self.process.tail(n)

@@ -25,10 +25,10 @@ from support.services import ROOT, BackendProcess, Engine, backend_env, clear_se
 from backend.engine_api import KINDS, ChatResult, chat, fetch_metrics, total
 from backend.errors import EngineStartError
 from backend.measure.prompts import prompt_of
-from backend.runtime import mps
+from backend.runtime import engine_tmp, mps
 from backend.runtime.display import Display
-from backend.runtime.engines import IPC_DIR_PREFIX, start_waves
 from backend.runtime.engines import Engine as RuntimeEngine
+from backend.runtime.engines import start_waves
 from backend.runtime.logwatch import FATALS, LogState
 from backend.runtime.process import free_port, group_processes
 from backend.runtime.rundir import RunDir
@@ -48,12 +48,31 @@ def group_gone(pgid: int, timeout: float = 30) -> bool:
     return False
 
 
-def ipc_dir_of(pid: int) -> Path:
-    """Where the engine process ``pid`` keeps vLLM's ZeroMQ sockets; they must be there, not in /tmp."""
+def tmp_dir_of(pid: int) -> Path:
+    """The engine process ``pid``'s own temporary directory; vLLM's sockets and rendezvous file must be
+    there, not in /tmp, and torch's compile cache where it always is."""
     env = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
-    path = Path(env["VLLM_RPC_BASE_PATH"])
-    assert path.name.startswith(IPC_DIR_PREFIX) and any(p.is_socket() for p in path.iterdir()), path
+    path = Path(env["TMPDIR"])
+    assert path.name.startswith(engine_tmp.PREFIX) and env["VLLM_RPC_BASE_PATH"] == str(path)
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == engine_tmp.inductor_cache_dir()
+    assert any(p.is_socket() for p in path.iterdir()) and any(path.glob("vllm_dist_*")), sorted(path.iterdir())
+    assert (path / engine_tmp.OWNER_FILE).read_text() == str(pid)
     return path
+
+
+def test_a_directory_whose_serve_and_engine_are_gone_is_removed_and_no_other(tmp_path: Path) -> None:
+    """What a serve killed with SIGKILL leaves is removed by the next engine start; not a live one's."""
+    dead = subprocess.Popen(["true"], start_new_session=True)
+    dead.wait()
+    gone = tmp_path / f"{engine_tmp.PREFIX}{dead.pid}-abc"
+    ours = tmp_path / f"{engine_tmp.PREFIX}{os.getpid()}-def"  # this process: alive
+    orphan = tmp_path / f"{engine_tmp.PREFIX}{dead.pid}-ghi"  # its serve is gone, its engine is not
+    other = tmp_path / "erniechat-something-else"
+    for path in (gone, ours, orphan, other):
+        path.mkdir()
+    engine_tmp.record_owner(orphan, os.getpgid(0))
+    assert engine_tmp.remove_abandoned(tmp_path) == [gone]
+    assert not gone.exists() and ours.exists() and orphan.exists() and other.exists()
 
 
 def test_start_goes_through_the_states_and_prints_ready(engine: Engine) -> None:
@@ -367,10 +386,10 @@ def test_an_unreadable_status_file_says_why(tmp_path: Path, content: str, why: s
 def test_engine_killed_mid_run_is_detected(engine: Engine) -> None:
     status = read_status(engine.run_dir)
     assert status is not None and status.engine_pid
-    ipc = ipc_dir_of(status.engine_pid)
+    own = tmp_dir_of(status.engine_pid)
     os.killpg(status.engine_pid, signal.SIGKILL)
     assert engine.process.wait(120) == 1
-    assert not ipc.exists(), "a killed engine's socket files were left behind"
+    assert not own.exists(), "a killed engine's socket and rendezvous files were left behind"
     assert "error: the engine exited unexpectedly" in engine.process.output()
     after = read_status(engine.run_dir)
     assert after is not None and after.state == "failed" and "exited unexpectedly" in (after.error or "")
@@ -382,8 +401,8 @@ def test_clean_shutdown_leaves_no_process(engine: Engine) -> None:
     """SIGTERM to serve stops every engine process; runs last, so nothing needs the engine after."""
     pid = read_status(engine.run_dir).engine_pid  # type: ignore[union-attr]
     assert pid
-    ipc = ipc_dir_of(pid)
+    own = tmp_dir_of(pid)
     assert engine.process.stop(signal.SIGTERM) == 128 + signal.SIGTERM
     assert group_gone(pid), "engine processes left after shutdown"
-    assert not ipc.exists(), "the engine's socket files were left behind"
+    assert not own.exists(), "the engine's socket and rendezvous files were left behind"
     assert read_status(engine.run_dir).state == "stopped"  # type: ignore[union-attr]
