@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import hmac
 import time
+import traceback
 
 import chainlit as cl
 from chainlit.input_widget import Slider, TextInput
@@ -19,6 +20,7 @@ from backend.engine_api import ChatResult
 from backend.errors import ChatError, ErniechatError, TooLong
 from backend.page import auth
 from backend.page import chainlit_internals as internals
+from backend.page.history import valid_text
 from backend.page.link import EngineLink
 from backend.page.render import footer, progress_line, render_page, with_footer, write_if_changed
 from backend.page.sampling import Sampling
@@ -29,6 +31,7 @@ from config.settings import ROOT, load_settings
 settings = load_settings()
 link = EngineLink(settings)
 internals.set_socket_pings(settings.app.ping_interval_s, settings.app.ping_timeout_s)
+internals.set_max_message_bytes(16 * 1024 * 1024)  # a paste up to uvicorn's own websocket cap reaches the page
 TEMPLATE = (ROOT / "chainlit.md").read_text(encoding="utf-8")
 PAGE = link.run_dir.page_dir
 DEMO = "⚠️ **Demo model: random weights.** Answers are noise; serve real weights with `--model`."
@@ -145,6 +148,7 @@ async def answer(text: str, reply_to: str, t0: float) -> None:
     """Wait for the engine if it is starting, fit the history, stream the reply with its footer.
     ``t0``: when the message reached the page; the footer's first-token time counts from it."""
     history: list[dict[str, str]] = cl.user_session.get("history")
+    text = valid_text(text)
     waiting = Progress("⏳ Your message waits until the engine is ready.")
     reply = cl.Message(content="", metadata={"in_reply_to": reply_to})
     result, sent = ChatResult(), False
@@ -155,7 +159,15 @@ async def answer(text: str, reply_to: str, t0: float) -> None:
         fitted = await link.fit(target, history, text, sampling)
         sent = bool(await reply.send())
         await stream_reply(
-            link, target, fitted.messages, sampling, reply.stream_token, result, t0, cl.context.session.id
+            link,
+            target,
+            fitted.messages,
+            sampling,
+            reply.stream_token,
+            result,
+            t0,
+            cl.context.session.id,
+            fitted.prompt_tokens,
         )
     except asyncio.CancelledError:  # Stop: the engine's stream is closed already; keep what was said
         await waiting.close("Stopped waiting for the engine.")
@@ -169,11 +181,12 @@ async def answer(text: str, reply_to: str, t0: float) -> None:
         await cl.Message(content=str(err)).send()
     except ChatError as err:
         await waiting.close("The engine did not get ready for this message.")
-        retry = cl.Action(name="retry", payload={"text": text, "reply_to": reply_to}, label="Retry", icon="rotate-ccw")
-        hint = " Press **Retry** to send your message again (once the engine is back)." if err.retry else ""
-        reply.content = (f"{result.text}\n\n" if result.text else "") + f"⚠️ {err}{hint}"
-        reply.actions = [retry] if err.retry else []
-        await (reply.update() if sent else reply.send())
+        await show_failure(reply, sent, result, text, reply_to, str(err), err.retry)
+    except Exception as err:  # a defect of the page's own: said in the chat (else hidden), message kept
+        traceback.print_exc()
+        await waiting.close("This message failed.")
+        why = f"The page failed on this message ({type(err).__name__}: {err}); its log has the details."
+        await show_failure(reply, sent, result, text, reply_to, why, retry=True)
     else:
         history += [{"role": "user", "content": text}, {"role": "assistant", "content": result.text}]
         note = ""
@@ -183,6 +196,17 @@ async def answer(text: str, reply_to: str, t0: float) -> None:
         line = footer(result) + (" · demo model: random weights" if target.demo else "")
         reply.content = with_footer(result.text, line, note)
         await reply.update()
+
+
+async def show_failure(
+    reply: cl.Message, sent: bool, result: ChatResult, text: str, reply_to: str, why: str, retry: bool
+) -> None:
+    """The reply says why it failed, after what had arrived; with Retry when resending can help."""
+    again = cl.Action(name="retry", payload={"text": text, "reply_to": reply_to}, label="Retry", icon="rotate-ccw")
+    hint = " Press **Retry** to send your message again (once the engine is back)." if retry else ""
+    reply.content = (f"{result.text}\n\n" if result.text else "") + f"⚠️ {why}{hint}"
+    reply.actions = [again] if retry else []
+    await (reply.update() if sent else reply.send())
 
 
 @cl.on_chat_end
@@ -206,7 +230,9 @@ async def on_message(message: cl.Message) -> None:
 @cl.action_callback("retry")
 async def retry(action: cl.Action) -> None:
     """Resend the kept message, as the session's task so that Stop reaches it too."""
+    text, reply_to = action.payload.get("text"), action.payload.get("reply_to", "")
+    if not isinstance(text, str):  # not a Retry this page made (a script's): nothing to resend
+        return
     await action.remove()
     t0 = time.perf_counter()
-    text, reply_to = action.payload["text"], action.payload.get("reply_to", "")
     await internals.run_as_session_task(lambda: answer(text, reply_to, t0))

@@ -84,7 +84,12 @@ class EngineTimeout(ChatError):
 
 
 class EngineRefused(ChatError):
-    """The engine answered with an HTTP error."""
+    """The engine answered with an HTTP error: a 4xx is the request's own fault, so resending it
+    the same cannot help; a 5xx may pass once the engine recovers."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.retry = status is None or status >= 500
 
 
 class TooLong(ChatError):
@@ -92,12 +97,23 @@ class TooLong(ChatError):
 
     retry = False
 
-    def __init__(self, tokens: int, limit: int, window: int, reply_budget: int, kept_turns: int) -> None:
+    def __init__(
+        self, tokens: int, limit: int, window: int, reply_budget: int, kept_turns: int, system_tokens: int = 0
+    ) -> None:
         self.tokens, self.limit = tokens, limit
-        super().__init__(
-            f"Your message is too long: it needs **{tokens:,} tokens** (with the system prompt), "
-            f"but at most **{limit:,}** fit — the model's context is {window:,} tokens and "
-            f"{reply_budget:,} are kept for the reply (Max tokens in the settings). "
-            f"It was **not sent**; shorten it or lower Max tokens. "
-            f"Your earlier conversation ({kept_turns} turn{'s' if kept_turns != 1 else ''}) is kept."
+        room = (
+            f"at most **{limit:,}** fit — the model's context is {window:,} tokens and "
+            f"{reply_budget:,} are kept for the reply (Max tokens in the settings)"
         )
+        kept = f"Your earlier conversation ({kept_turns} turn{'s' if kept_turns != 1 else ''}) is kept."
+        if system_tokens > limit:
+            text = (
+                f"The **system prompt** in the chat settings is too long: it needs **{system_tokens:,} tokens** "
+                f"on its own, but {room}. Your message was **not sent**; shorten the system prompt. {kept}"
+            )
+        else:
+            text = (
+                f"Your message is too long: it needs **{tokens:,} tokens** (with the system prompt), but {room}. "
+                f"It was **not sent**; shorten it or lower Max tokens. {kept}"
+            )
+        super().__init__(text)

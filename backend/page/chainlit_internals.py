@@ -27,6 +27,12 @@ def set_socket_pings(interval_s: float, timeout_s: float) -> None:
     sio.eio.ping_timeout = timeout_s
 
 
+def set_max_message_bytes(limit: int) -> None:
+    """python-engineio drops the socket on a message over 1,000,000 bytes, without a word: a long
+    paste vanished. Up to ``limit`` it reaches the page, which says when it does not fit."""
+    sio.eio.max_http_buffer_size = limit
+
+
 def bind_host() -> str:
     """The address the page was started on (``--host``): login is required beyond loopback."""
     return str(chainlit_config.run.host)

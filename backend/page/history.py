@@ -47,6 +47,12 @@ class TemplateCost:
         return self.first + self.per_message * (len(messages) - 1) + SLACK_PER_MESSAGE * len(messages) + text
 
 
+def valid_text(text: str) -> str:
+    """``text`` as the engine can take it: a lone surrogate (which a script, not a browser, can send)
+    becomes U+FFFD instead of failing the request's JSON; valid text is unchanged."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def _text_bytes(text: str) -> int:
     return max(len(text.encode()), len(unicodedata.normalize("NFKC", text).encode()))
 
@@ -90,7 +96,8 @@ async def fit(
         return Fitted(build(0), bound, len(turns), 0, window, counted=False)
     alone = await count(system + new)
     if alone > limit:
-        raise TooLong(alone, max(limit, 0), window, reply_tokens, len(turns))
+        system_tokens = await count(system) if system else 0
+        raise TooLong(alone, max(limit, 0), window, reply_tokens, len(turns), system_tokens)
     tokens = await count(build(0)) if turns else alone
     if tokens <= limit:
         return Fitted(build(0), tokens, len(turns), 0, window, counted=True)

@@ -22,7 +22,7 @@ from backend.errors import ChatError, EngineDown, EngineRefused, EngineTimeout
 from backend.page.history import Fitted, Message, TemplateCost, fit
 from backend.page.sampling import Sampling
 from backend.runtime.rundir import RunDir
-from backend.runtime.status import EngineStatus
+from backend.runtime.status import EngineStatus, WarmupRecord
 from config.settings import Settings
 
 POLL_S = 0.5
@@ -70,6 +70,29 @@ class EngineFacts:
     template: TemplateCost
 
 
+SHAPES = ("medium", "long")
+"""Warm-up's prompt shapes that ``prefill_s`` fits through (``backend.runtime.warmup``)."""
+
+
+def prefill_s(warm: WarmupRecord | None, tokens: int) -> float:
+    """Seconds to the first token that warm-up's own prompts predict for a prompt of ``tokens``
+    longer than its longest (0 up to that): t = a·n + b·n² through its medium and long prompts
+    (attention grows with the square of the length), never below the long prompt's rate. On this
+    2-core machine a 50,000-token paste took minutes where a fixed 15 s said "overloaded or stuck"."""
+    if warm is None:
+        return 0.0
+    points = [(warm.prompt_tokens.get(s, 0), warm.by_shape.get(s, {}).get("max_ttft_s", 0.0)) for s in SHAPES]
+    (n1, t1), (n2, t2) = points
+    if n2 <= 0 or t2 <= 0 or tokens <= n2:
+        return 0.0
+    linear = t2 * tokens / n2
+    if not 0 < n1 < n2 or t1 <= 0:
+        return linear
+    b = (t2 / n2 - t1 / n1) / (n2 - n1)  # t/n = a + b·n through both points
+    a = t1 / n1 - b * n1
+    return max(linear, a * tokens + b * tokens**2) if a >= 0 and b > 0 else linear
+
+
 class EngineLink:
     """Locating the engine, its clients, what it can hold, and plain requests to it."""
 
@@ -92,14 +115,16 @@ class EngineLink:
             base, model = status.base_url, status.served_name or model
         return Target(base or engine_url(s.engine.host, s.engine.port), model, s.engine.api_key, status)
 
-    def timeouts(self, status: EngineStatus | None) -> Timeouts:
-        """First token: fixed if set, else warm-up's slowest first token x margin, at least the floor."""
+    def timeouts(self, status: EngineStatus | None, prompt_tokens: int = 0) -> Timeouts:
+        """First token: fixed if set, else warm-up's slowest first token x margin, at least the floor,
+        and for a prompt longer than warm-up's longest, its expected prefill x margin (``prefill_s``)."""
         a = self.settings.app
         first = a.first_token_timeout_s
         if first is None:
             warm = (status.warmup if status else None) or self.run_dir.warmup()
             slowest = warm.max_ttft_s if warm is not None else 0.0
-            first = max(a.first_token_floor_s, slowest * a.first_token_margin)
+            longest = max(slowest, prefill_s(warm, prompt_tokens))
+            first = max(a.first_token_floor_s, longest * a.first_token_margin)
         return Timeouts(connect=a.connect_timeout_s, first_token=first, between_tokens=a.token_timeout_s)
 
     async def wait_ready(
@@ -151,7 +176,9 @@ class EngineLink:
             why = type(err).__name__
             raise EngineDown(f"The engine at {target.base_url} dropped the connection ({why}); did it stop?") from None
         if r.status_code != 200:
-            raise EngineRefused(f"The engine refused {url.rsplit('/', 1)[-1]}: HTTP {r.status_code} {r.text[:200]}")
+            raise EngineRefused(
+                f"The engine refused {url.rsplit('/', 1)[-1]}: HTTP {r.status_code} {r.text[:200]}", r.status_code
+            )
         return r
 
     # -- what the engine can hold ------------------------------------------------------------

@@ -30,13 +30,16 @@ async def stream_reply(
     result: ChatResult | None = None,
     t0: float | None = None,
     session: str | None = None,
+    prompt_tokens: int = 0,
 ) -> ChatResult:
     """Stream one reply into ``on_token``. The first delta goes out at once, later ones joined
     at most every ``app.stream_interval_ms`` (the page keeps up with any engine; timing stays
     per delta). The response is always closed on the way out, also when the task is cancelled
     (Stop), so vLLM sees the disconnect and aborts the request. ``session``: the chat's id, so
-    that the router keeps the conversation on the engine that holds its prefix."""
-    http, timeouts = link.client(target)
+    that the router keeps the conversation on the engine that holds its prefix. ``prompt_tokens``:
+    the request's size (or its bound), which a long prompt's first-token deadline grows with."""
+    http, _ = link.client(target)
+    timeouts = link.timeouts(target.status, prompt_tokens)
     res = result if result is not None else ChatResult()
     start = time.perf_counter() if t0 is None else t0
     interval = link.settings.app.stream_interval_ms / 1000
@@ -66,10 +69,13 @@ async def stream_reply(
     url = f"{target.base_url}/chat/completions"
     try:
         res.sent_s = time.perf_counter() - start
-        async with http.stream("POST", url, json=body, headers=headers(target.api_key, session)) as response:
+        sent = {"json": body, "headers": headers(target.api_key, session), "timeout": timeouts.for_httpx()}
+        async with http.stream("POST", url, **sent) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
-                raise EngineRefused(f"The engine refused the request: HTTP {response.status_code} {text[:300]}")
+                raise EngineRefused(
+                    f"The engine refused the request: HTTP {response.status_code} {text[:300]}", response.status_code
+                )
             chunks = stream_chunks(response)
             while True:
                 try:

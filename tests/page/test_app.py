@@ -31,15 +31,15 @@ from support.services import ABANDONED_REPLY_S, BackendProcess, Engine, backend_
 from support.waiting import group_gone, until_async
 
 from backend.engine_api import ChatResult, fetch_metrics, total
-from backend.errors import TooLong
+from backend.errors import EngineRefused, TooLong
 from backend.page import render
 from backend.page.history import TemplateCost, fit
-from backend.page.link import EngineLink, Target
+from backend.page.link import EngineLink, Target, prefill_s
 from backend.page.sampling import Sampling
 from backend.page.stream import stream_reply
 from backend.runtime.process import free_port
 from backend.runtime.rundir import RunDir
-from backend.runtime.status import EngineStatus, read_status
+from backend.runtime.status import EngineStatus, WarmupRecord, read_status
 from backend.runtime.up import settings_env
 from config.pipeline import plan_for
 from config.settings import ROOT, Settings, load_settings
@@ -105,6 +105,45 @@ def test_first_token_timeout_comes_from_the_warmup_record(tmp_path: Path) -> Non
     t = link.timeouts(slow)
     assert (t.connect, t.first_token, t.between_tokens) == (3.0, 7.0, settings.app.token_timeout_s)
     assert t.for_httpx().connect == 3.0
+
+
+def test_a_prompt_longer_than_warmups_gets_a_deadline_for_its_prefill(tmp_path: Path) -> None:
+    """Warm-up's medium and long prompts (500 and 1,000 tokens, 0.1 and 0.25 s) fit t = a·n + b·n²;
+    a 50,000-token paste then gets its prefill x margin, not the 15 s floor that called it stuck."""
+    settings = Settings(engine={"run_dir": tmp_path})
+    link, margin = EngineLink(settings), settings.app.first_token_margin
+    shapes = {"medium": {"max_ttft_s": 0.1}, "long": {"max_ttft_s": 0.25}}
+    warm = WarmupRecord(max_ttft_s=0.3, prompt_tokens={"medium": 500, "long": 1000}, by_shape=shapes)
+    status = EngineStatus(warmup=warm)
+    assert prefill_s(warm, 1000) == 0.0 and link.timeouts(status, 1000).first_token == settings.app.first_token_floor_s
+    b = (0.25 / 1000 - 0.1 / 500) / 500  # 1e-7 s per token squared
+    a = 0.1 / 500 - b * 500
+    assert prefill_s(warm, 50_000) == pytest.approx(a * 50_000 + b * 50_000**2)  # 257.5 s
+    assert link.timeouts(status, 50_000).first_token == pytest.approx(margin * prefill_s(warm, 50_000))
+    assert link.timeouts(status, 50_000).for_httpx().read == pytest.approx(margin * prefill_s(warm, 50_000))
+    noisy = warm.model_copy(update={"by_shape": {"medium": {"max_ttft_s": 0.3}, "long": {"max_ttft_s": 0.25}}})
+    assert prefill_s(noisy, 50_000) == pytest.approx(0.25 * 50)  # a medium slower than long: the long one's rate
+    assert prefill_s(None, 50_000) == 0.0
+
+
+def test_chat_settings_a_script_could_send_are_brought_into_range(tmp_path: Path) -> None:
+    """The sliders keep a browser in range; a hand-built client is not, and vLLM would refuse every
+    later message of the chat (temperature 5: HTTP 400)."""
+    settings = Settings(engine={"run_dir": tmp_path})
+    wild = Sampling.from_values({"temperature": 5, "top_p": 0, "max_tokens": 0, "system_prompt": "x\ud800"}, settings)
+    assert (wild.temperature, wild.top_p, wild.max_tokens, wild.system_prompt) == (2.0, 0.05, 1, "x\ufffd")
+    junk = Sampling.from_values({"temperature": "abc", "top_p": None, "max_tokens": float("nan")}, settings)
+    assert junk == Sampling.defaults(settings)
+    assert not EngineRefused("HTTP 400", 400).retry and EngineRefused("HTTP 503", 503).retry
+
+
+def test_a_system_prompt_that_alone_does_not_fit_is_named() -> None:
+    kw = {"reply_tokens": 20, "window": 100, "template": TemplateCost(first=1000, per_message=0)}
+    with pytest.raises(TooLong) as refused:
+        asyncio.run(fit([], "hi", system_prompt="word " * 90, count=_word_counter([]), **kw))  # type: ignore[arg-type]
+    said = str(refused.value)
+    assert "The **system prompt** in the chat settings is too long: it needs **91 tokens**" in said
+    assert "shorten the system prompt" in said and "Your message is too long" not in said
 
 
 def _word_counter(calls: list[int]) -> Callable[[list[dict[str, str]]], Awaitable[int]]:
@@ -343,6 +382,25 @@ def test_reply_streams_with_latency_footer(chainlit_app: ChatPage) -> None:
     assert "demo model: random weights" in reply["output"]
     assert tab.messages()[0]["output"].startswith("⚠️ **Demo model: random weights.**"), "no demo banner"
     print(f"reply: TTFT {ttft_ms} ms, {tokens} tokens, {rate} tok/s")
+
+
+def test_an_odd_or_huge_message_is_answered_not_met_with_silence(chainlit_app: ChatPage) -> None:
+    """A lone surrogate (a script can send one) failed the request's encoding, and the browser hides
+    a failed step: no reply, no reason. A paste over engine.io's 1,000,000-byte default dropped the
+    socket without a word. Now: a reply, and "too long, not sent"; the chat goes on after both."""
+
+    async def run() -> tuple[dict, str, dict]:
+        async with ChatClient(chainlit_app.url) as tab:
+            odd = await tab.ask("half a pair: \ud800 and on")
+            huge = await tab.send("word " * 240_000)  # 1.2 MB
+            text = await tab.wait_for(
+                lambda: huge in tab.finished and next((t for t in tab.texts() if "too long" in t), None), 120
+            )
+            return odd, text, await tab.ask("Short again.")
+
+    odd, text, after = asyncio.run(run())
+    assert footer_of(odd)[1] > 0 and footer_of(after)[1] > 0
+    assert "Your message is too long" in text and "not sent" in text, text
 
 
 def test_page_shows_live_plan_and_socket_settings(chainlit_app: ChatPage, engine: Engine) -> None:
