@@ -117,7 +117,8 @@ class AppSettings(_Section):
     connect_timeout_s: float = Field(default=3.0, gt=0)
     """Connecting to the engine on this machine takes milliseconds; seconds means it is down."""
     first_token_timeout_s: float | None = Field(default=None, gt=0)
-    """Fixed first-token timeout; default: warm-up's slowest first token x margin, at least the floor."""
+    """Fixed first-token timeout; default: warm-up's slowest first token x margin, at least the floor, and
+    longer for a prompt longer than warm-up's longest (its expected prefill x margin)."""
     first_token_margin: float = Field(default=4.0, ge=1)
     first_token_floor_s: float = Field(default=15.0, gt=0)
     token_timeout_s: float = Field(default=30.0, gt=0)
