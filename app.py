@@ -17,7 +17,7 @@ import chainlit as cl
 from chainlit.input_widget import Slider, TextInput
 
 from backend.engine_api import ChatResult
-from backend.errors import ChatError, ErniechatError, TooLong
+from backend.errors import ChatError, EngineDown, EngineTimeout, ErniechatError, TooLong
 from backend.page import auth
 from backend.page import chainlit_internals as internals
 from backend.page.history import valid_text
@@ -181,12 +181,13 @@ async def answer(text: str, reply_to: str, t0: float) -> None:
         await cl.Message(content=str(err)).send()
     except ChatError as err:
         await waiting.close("The engine did not get ready for this message.")
-        await show_failure(reply, sent, result, text, reply_to, str(err), err.retry)
+        later = " (once the engine is back)" if isinstance(err, (EngineDown, EngineTimeout)) else ""
+        await show_failure(reply, sent, result, text, reply_to, str(err), err.retry, later)
     except Exception as err:  # a defect of the page's own: said in the chat (else hidden), message kept
         traceback.print_exc()
         await waiting.close("This message failed.")
         why = f"The page failed on this message ({type(err).__name__}: {err}); its log has the details."
-        await show_failure(reply, sent, result, text, reply_to, why, retry=True)
+        await show_failure(reply, sent, result, text, reply_to, why, retry=True, when="")
     else:
         history += [{"role": "user", "content": text}, {"role": "assistant", "content": result.text}]
         note = ""
@@ -199,11 +200,11 @@ async def answer(text: str, reply_to: str, t0: float) -> None:
 
 
 async def show_failure(
-    reply: cl.Message, sent: bool, result: ChatResult, text: str, reply_to: str, why: str, retry: bool
+    reply: cl.Message, sent: bool, result: ChatResult, text: str, reply_to: str, why: str, retry: bool, when: str
 ) -> None:
     """The reply says why it failed, after what had arrived; with Retry when resending can help."""
     again = cl.Action(name="retry", payload={"text": text, "reply_to": reply_to}, label="Retry", icon="rotate-ccw")
-    hint = " Press **Retry** to send your message again (once the engine is back)." if retry else ""
+    hint = f" Press **Retry** to send your message again{when}." if retry else ""
     reply.content = (f"{result.text}\n\n" if result.text else "") + f"⚠️ {why}{hint}"
     reply.actions = [again] if retry else []
     await (reply.update() if sent else reply.send())
