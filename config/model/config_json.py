@@ -58,16 +58,32 @@ _KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv")
 _EXPERT_KEYS = ("moe_num_experts", "num_experts", "num_local_experts", "n_routed_experts")
 _TOP_K_KEYS = ("moe_k", "num_experts_per_tok", "experts_per_token", "moe_topk")
 
-# Architectures the launcher serves: chat models are causal LMs (…ForCausalLM, GPT-2 style
-# …LMHeadModel) or multimodal chat models (…ForConditionalGeneration: Qwen2-VL, Gemma 3,
-# Llava, ...; …ChatModel: InternVL); ChatGLM's remote code names its causal LM ChatGLMModel.
-_CHAT_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "ChatModel")
-_CHAT_NAMES = frozenset({"ChatGLMModel"})
-# …ForConditionalGeneration families that are speech or encoder-decoder seq2seq models, not chat.
+# Architectures known not to write text, refused: heads for classification, tagging, answers
+# spans or masked tokens, and the families of encoders, speech and encoder-decoder models. Any
+# other name is served (vLLM says at start if it does not know it): chat models' class names
+# vary too much to list (…ForCausalLM, …LMHeadModel, …ForConditionalGeneration, InternVLChatModel,
+# ChatGLMModel, MiniCPMV, NVLM_D, Ovis).
+_NOT_CHAT_SUFFIXES = (
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+    "ForMaskedLM",
+    "ForMultipleChoice",
+    "ForImageClassification",
+    "ForAudioClassification",
+    "ForCTC",
+    "ForPreTraining",
+    "ForNextSentencePrediction",
+)
 _NOT_CHAT_FAMILIES = frozenset(
-    {"Whisper", "Speech2Text", "SeamlessM4T", "SeamlessM4Tv2", "T5", "MT5", "UMT5", "LongT5", "Bart", "MBart"}
+    {"Bert", "Roberta", "XLMRoberta", "DistilBert", "Electra", "Deberta", "DebertaV2", "Albert", "MPNet"}
+    | {"NomicBert", "ModernBert", "CLIP", "Siglip", "Wav2Vec2", "Hubert", "ViT"}
+    | {"Whisper", "Speech2Text", "SeamlessM4T", "SeamlessM4Tv2", "T5", "MT5", "UMT5", "LongT5", "Bart", "MBart"}
     | {"Pegasus", "PegasusX", "Florence2"}
 )
+_FAMILY_ENDINGS = ("ForConditionalGeneration", "EncoderModel", "Model")
+_GENERATING = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+"""Where a config lists several classes, one of these is the served one (``LlamaModel`` is the bare base)."""
 
 _CONTEXT_KEYS = (
     "max_position_embeddings",
@@ -165,20 +181,11 @@ def model_from_config(config: Mapping[str, Any], source: str, path: str | Path |
 
 
 def _is_chat_architecture(name: str) -> bool:
-    """Whether vLLM serves ``name`` as a chat (text-generating) model.
-
-    The rule: a causal LM (``...ForCausalLM``, ``...LMHeadModel``), a multimodal chat model
-    (``...ForConditionalGeneration``, e.g. Qwen2-VL, Gemma 3, Llava; ``...ChatModel``, e.g.
-    InternVL) or ChatGLM's ``ChatGLMModel``; not the speech and encoder-decoder families
-    whose class is also ``...ForConditionalGeneration`` (Whisper, T5, BART, ...). Encoders,
-    embedding models and classifiers (``BertModel``, ``...ForSequenceClassification``) fail it.
-    """
-    if name in _CHAT_NAMES:
-        return True
-    family = name.removesuffix("ForConditionalGeneration")
-    if family != name:
-        return family not in _NOT_CHAT_FAMILIES
-    return name.endswith(_CHAT_SUFFIXES)
+    """Whether ``name`` may be a chat (text-writing) model: anything but a non-generating head
+    (``...ForSequenceClassification``, ``...ForMaskedLM``, ...) or a class of an encoder, speech or
+    encoder-decoder family (``BertModel``, ``WhisperForConditionalGeneration``, ``T5EncoderModel``)."""
+    families = {name.removesuffix(ending) for ending in _FAMILY_ENDINGS if name.endswith(ending)}
+    return not name.endswith(_NOT_CHAT_SUFFIXES) and not families & _NOT_CHAT_FAMILIES
 
 
 def _architecture(raw: Any, where: str) -> str:
@@ -193,11 +200,12 @@ def _architecture(raw: Any, where: str) -> str:
         raise ModelReadError(
             f"{where} has 'architectures': {raw!r}; expected a list of model class names such as [\"LlamaForCausalLM\"]"
         )
-    chat = [n for n in names if _is_chat_architecture(n)]
+    chat = sorted((n for n in names if _is_chat_architecture(n)), key=lambda n: not n.endswith(_GENERATING))
     if not chat:
         raise ModelReadError(
             f"{where} has 'architectures': {names}, not a causal language model; this project serves chat models "
-            "(classes ending in ForCausalLM, LMHeadModel or ForConditionalGeneration, not Whisper, T5 or BART)"
+            "(such as ...ForCausalLM or ...ForConditionalGeneration of a vision-language model), not encoders, "
+            "classifiers, Whisper, T5 or BART"
         )
     return chat[0]
 

@@ -127,7 +127,15 @@ def test_architectures_not_names_is_a_clear_error(tmp_path: Path, value: object)
 
 @pytest.mark.parametrize(
     "architecture",
-    ["BertModel", "WhisperForConditionalGeneration", "T5ForConditionalGeneration", "LlamaForSequenceClassification"],
+    [
+        "BertModel",
+        "XLMRobertaModel",
+        "T5EncoderModel",
+        "WhisperForConditionalGeneration",
+        "T5ForConditionalGeneration",
+        "LlamaForSequenceClassification",
+        "BertForMaskedLM",
+    ],
 )
 def test_architecture_that_is_not_a_chat_model_is_refused(tmp_path: Path, architecture: str) -> None:
     config = {**load("llama-3.1-8b"), "architectures": [architecture]}
@@ -144,6 +152,8 @@ def test_architecture_that_is_not_a_chat_model_is_refused(tmp_path: Path, archit
         ["LlavaForConditionalGeneration"],
         ["InternVLChatModel"],
         ["ChatGLMModel"],
+        ["MiniCPMV"],  # chat models whose class follows no naming rule: served, vLLM knows them
+        ["NVLM_D"],
         ["LlamaModel", "LlamaForCausalLM"],
     ],
 )
