@@ -33,7 +33,7 @@ def bind_problem(host: str, port: int) -> str | None:
     """Why a server cannot listen on (host, port): ``IN_USE``, or the system's reason (a name that
     does not resolve, an address this machine does not have); None when it can."""
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
         with socket.socket(family, socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((host, port))

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,7 +31,7 @@ from backend.runtime.display import Display
 from backend.runtime.engines import Engine as RuntimeEngine
 from backend.runtime.engines import start_waves
 from backend.runtime.logwatch import FATALS, LogState
-from backend.runtime.process import free_port, group_processes
+from backend.runtime.process import IN_USE, bind_problem, free_port, group_processes
 from backend.runtime.rundir import RunDir
 from backend.runtime.serve import ENGINE_CORE_TITLE, Server
 from backend.runtime.status import read_status
@@ -256,6 +257,17 @@ def test_an_address_not_here_is_not_called_in_use(tmp_path: Path, command: str, 
     assert done.wait(120) in (1, 2)
     said = f"cannot be listened on (Cannot assign requested address); check {key}"
     assert said in done.output() and "already in use" not in done.output()
+
+
+def test_bind_problem_tells_in_use_from_an_address_not_here() -> None:
+    with socket.socket() as held_port:
+        held_port.bind(("127.0.0.1", 0))
+        held_port.listen()
+        port = held_port.getsockname()[1]
+        assert bind_problem("127.0.0.1", port) == IN_USE
+    free = free_port()
+    assert bind_problem("", free) is None and bind_problem("::1", free) is None  # every interface; IPv6
+    assert bind_problem("192.0.2.1", free) == "cannot be listened on (Cannot assign requested address)"
 
 
 def test_failed_start_explains_and_leaves_no_process(tmp_path: Path, engine: Engine) -> None:
