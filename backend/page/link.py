@@ -99,7 +99,7 @@ class EngineLink:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.run_dir = RunDir(settings.engine.run_dir)
-        self._clients: dict[tuple[str, Timeouts], httpx.AsyncClient] = {}
+        self._clients: dict[str, httpx.AsyncClient] = {}
         self._facts: dict[tuple[str, str, float | None], EngineFacts] = {}
 
     # -- status ----------------------------------------------------------------------------
@@ -153,21 +153,21 @@ class EngineLink:
             await asyncio.sleep(POLL_S)
 
     # -- clients ---------------------------------------------------------------------------
-    def client(self, target: Target) -> tuple[httpx.AsyncClient, Timeouts]:
-        """One HTTP client per engine and timeouts, without keep-alive unless ``app.keepalive``:
-        a dead engine then shows on the next request, never as a stale pooled socket."""
-        timeouts = self.timeouts(target.status)
-        key = (target.base_url, timeouts)
-        if key not in self._clients:
+    def client(self, target: Target) -> httpx.AsyncClient:
+        """One HTTP client per engine, without keep-alive unless ``app.keepalive``: a dead engine
+        then shows on the next request, never as a stale pooled socket. It has no timeouts of its
+        own: each request passes the ones it was given (``timeouts``), worked out once per request."""
+        if target.base_url not in self._clients:
             limits = httpx.Limits(max_keepalive_connections=None if self.settings.app.keepalive else 0)
-            self._clients[key] = httpx.AsyncClient(timeout=timeouts.for_httpx(), limits=limits)
-        return self._clients[key], timeouts
+            self._clients[target.base_url] = httpx.AsyncClient(timeout=None, limits=limits)
+        return self._clients[target.base_url]
 
     async def call(self, target: Target, method: str, url: str, **kw: Any) -> httpx.Response:
         """One plain request; the engine's errors become the page's sentences."""
-        http, _ = self.client(target)
+        http = self.client(target)
+        timeout = self.timeouts(target.status).for_httpx()
         try:
-            r = await http.request(method, url, headers=headers(target.api_key), **kw)
+            r = await http.request(method, url, headers=headers(target.api_key), timeout=timeout, **kw)
         except httpx.ConnectError:
             raise EngineDown(f"Cannot reach the engine at {target.base_url} (is it running?).") from None
         except httpx.TimeoutException:

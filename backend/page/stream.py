@@ -38,7 +38,7 @@ async def stream_reply(
     (Stop), so vLLM sees the disconnect and aborts the request. ``session``: the chat's id, so
     that the router keeps the conversation on the engine that holds its prefix. ``prompt_tokens``:
     the request's size (or its bound), which a long prompt's first-token deadline grows with."""
-    http, _ = link.client(target)
+    http = link.client(target)
     timeouts = link.timeouts(target.status, prompt_tokens)
     res = result if result is not None else ChatResult()
     start = time.perf_counter() if t0 is None else t0

@@ -31,7 +31,7 @@ from support.services import ABANDONED_REPLY_S, BackendProcess, Engine, backend_
 from support.waiting import group_gone, until_async
 
 from backend.engine_api import ChatResult, fetch_metrics, total
-from backend.errors import EngineRefused, TooLong
+from backend.errors import EngineRefused, EngineTimeout, TooLong
 from backend.page import render
 from backend.page.history import TemplateCost, fit
 from backend.page.link import EngineLink, Target, prefill_s
@@ -105,6 +105,30 @@ def test_first_token_timeout_comes_from_the_warmup_record(tmp_path: Path) -> Non
     t = link.timeouts(slow)
     assert (t.connect, t.first_token, t.between_tokens) == (3.0, 7.0, settings.app.token_timeout_s)
     assert t.for_httpx().connect == 3.0
+
+
+def test_one_client_per_engine_and_each_request_brings_its_own_deadline(tmp_path: Path) -> None:
+    """The page keeps one HTTP client per engine, whatever a message's first-token deadline (a long
+    paste gets a longer one), and a plain request to an engine that accepts and never answers ends
+    at its own deadline, named."""
+    settings = Settings(engine={"run_dir": tmp_path}, app={"first_token_timeout_s": 0.3, "token_timeout_s": 0.5})
+    link = EngineLink(settings)
+    with socket.create_server(("127.0.0.1", 0)) as mute:  # accepts (backlog), never answers
+        url = f"http://127.0.0.1:{mute.getsockname()[1]}/v1"
+        slow, fast = EngineStatus(warmup={"max_ttft_s": 10.0}), EngineStatus(warmup={"max_ttft_s": 0.2})
+        one = link.client(Target(url, "m", None, slow))
+        assert link.client(Target(url, "m", None, fast)) is one
+        assert link.client(Target(url.replace("/v1", "/w"), "m", None, None)) is not one
+        assert one.timeout.read is None  # no deadline of its own: every request passes one
+
+        async def ask() -> float:
+            t0 = time.perf_counter()
+            with pytest.raises(EngineTimeout, match="did not answer in time"):
+                await link.call(Target(url, "m", None, None), "GET", f"{url}/models")
+            return time.perf_counter() - t0
+
+        took = asyncio.run(ask())
+    assert 0.5 <= took < 20, took  # the socket backstop: the longer of the two deadlines
 
 
 def test_a_prompt_longer_than_warmups_gets_a_deadline_for_its_prefill(tmp_path: Path) -> None:
