@@ -41,6 +41,8 @@ STARTERS = [
     ("Plan a trip", "Plan a relaxed two-day trip to Kyoto with one museum a day."),
     ("Python help", "Show a Python function that removes duplicates from a list but keeps their order."),
 ]
+ANSWERING = "answering"
+"""The user-session key of the task writing this chat's reply, while it runs."""
 _background: set[asyncio.Task] = set()
 
 
@@ -144,11 +146,34 @@ async def start() -> None:
             await waiting.close(f"⚠️ {err}")
 
 
+async def refused(text: str, reply_to: str) -> bool:
+    """Say why a message is not sent, and True, when it is empty or a reply is still being written
+    in this chat. The browser's input allows neither; a script's could, and two replies at once
+    would interleave the history while Stop reaches only the later one."""
+    why, running = "", cl.user_session.get(ANSWERING)
+    if not text.strip():
+        why = "This message is empty; nothing was sent to the engine."
+    elif running is not None and not running.done():
+        internals.stop_reaches(running)  # Chainlit made this message's task the one Stop cancels
+        why = "A reply is still being written in this chat: wait for it or press Stop, then send this again."
+    if why:
+        await cl.Message(content=f"⚠️ {why}", metadata={"in_reply_to": reply_to}).send()
+    return bool(why)
+
+
 async def answer(text: str, reply_to: str, t0: float) -> None:
     """Wait for the engine if it is starting, fit the history, stream the reply with its footer.
     ``t0``: when the message reached the page; the footer's first-token time counts from it."""
+    cl.user_session.set(ANSWERING, asyncio.current_task())
+    try:
+        await answer_one(text, reply_to, t0)
+    finally:
+        cl.user_session.set(ANSWERING, None)
+
+
+async def answer_one(text: str, reply_to: str, t0: float) -> None:
+    """:func:`answer`'s work, once the chat is marked as answering."""
     history: list[dict[str, str]] = cl.user_session.get("history")
-    text = valid_text(text)
     waiting = Progress("⏳ Your message waits until the engine is ready.")
     reply = cl.Message(content="", metadata={"in_reply_to": reply_to})
     result, sent = ChatResult(), False
@@ -225,7 +250,9 @@ async def on_chat_end() -> None:
 
 @cl.on_message
 async def on_message(message: cl.Message) -> None:
-    await answer(message.content, message.id, time.perf_counter())
+    t0, text = time.perf_counter(), valid_text(message.content)
+    if not await refused(text, message.id):
+        await answer(text, message.id, t0)
 
 
 @cl.action_callback("retry")
@@ -233,6 +260,9 @@ async def retry(action: cl.Action) -> None:
     """Resend the kept message, as the session's task so that Stop reaches it too."""
     text, reply_to = action.payload.get("text"), action.payload.get("reply_to", "")
     if not isinstance(text, str):  # not a Retry this page made (a script's): nothing to resend
+        return
+    text = valid_text(text)
+    if await refused(text, reply_to):  # the Retry stays, for once the running reply is done
         return
     await action.remove()
     t0 = time.perf_counter()

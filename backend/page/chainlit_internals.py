@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,7 @@ async def stop_when_abandoned(session: Any, task: asyncio.Task[Any], grace_s: fl
         await asyncio.sleep(0.2)
 
 
-async def run_as_session_task(work: Callable[[], Awaitable[None]]) -> None:
+async def run_as_session_task(work: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Run ``work`` as the session's task, bracketed like a message handler, so Stop reaches it."""
     ctx = cl.context
     await ctx.emitter.task_start()
@@ -78,3 +78,9 @@ async def run_as_session_task(work: Callable[[], Awaitable[None]]) -> None:
         pass
     finally:
         await ctx.emitter.task_end()
+
+
+def stop_reaches(task: asyncio.Task[Any]) -> None:
+    """Make ``task`` the one Stop cancels. Chainlit points Stop at the latest message's task, so a
+    message refused while a reply runs would otherwise leave that reply out of Stop's reach."""
+    cl.context.session.current_task = task

@@ -411,10 +411,13 @@ def test_reply_streams_with_latency_footer(chainlit_app: ChatPage) -> None:
 def test_an_odd_or_huge_message_is_answered_not_met_with_silence(chainlit_app: ChatPage) -> None:
     """A lone surrogate (a script can send one) failed the request's encoding, and the browser hides
     a failed step: no reply, no reason. A paste over engine.io's 1,000,000-byte default dropped the
-    socket without a word. Now: a reply, and "too long, not sent"; the chat goes on after both."""
+    socket without a word. Now: a reply, and "too long, not sent"; the chat goes on after both. An
+    empty message (a script's; the browser sends none) is not sent to the engine."""
 
     async def run() -> tuple[dict, str, dict]:
         async with ChatClient(chainlit_app.url) as tab:
+            empty = await tab.ask(" \n\t ")
+            assert "This message is empty; nothing was sent" in empty["output"], empty
             odd = await tab.ask("half a pair: \ud800 and on")
             huge = await tab.send("word " * 240_000)  # 1.2 MB
             text = await tab.wait_for(
@@ -486,6 +489,12 @@ def test_stop_aborts_the_request_on_the_engine(chainlit_app: ChatPage, engine: E
     async def run() -> None:
         async with ChatClient(chainlit_app.url) as tab:
             async with long_reply_held(tab, engine) as (mid, before):  # the reply cannot end meanwhile
+                assert open_streams(chainlit_app.process.pid or 0, engine.port) == 1
+                # a script (not the browser) can send again meanwhile: refused, and Stop still reaches the first
+                second = await tab.send("And another one, at once.")
+                await tab.wait_for(lambda: second in tab.finished, 60)
+                refusal = tab.reply_to(second)
+                assert refusal and "A reply is still being written" in refusal["output"], tab.texts()
                 assert open_streams(chainlit_app.process.pid or 0, engine.port) == 1
                 await tab.stop()
                 took = await asyncio.to_thread(wait_for_streams, chainlit_app.process.pid or 0, engine.port, 0)
