@@ -275,6 +275,33 @@ def node_parts(plan: Plan, head: str = f"{HEAD_ADDRESS}:{join_port()}") -> list[
     return parts
 
 
+def engine_command(
+    plan: Plan,
+    engine: int,
+    *,
+    python: str,
+    model_path: str,
+    host: str,
+    port: int,
+    all_gpus: int | None = None,
+    cores: int | None = None,
+    extra_args: list[str] | None = None,
+    outer_visible: str | None = None,
+    master_addr: str = HEAD_ADDRESS,
+    master_port: int = MASTER_PORT,
+) -> tuple[list[str], dict[str, str]]:
+    """Server ``engine`` of a node's plan, argv and environment: what ``serve`` starts and ``plan``
+    prints, one builder for both. Split across nodes, it is node 0's part (the API server and the
+    first stage, reached at ``master_addr``); ``extra_args`` (``engine.extra_args``) end the line."""
+    at = engine_port(port, engine) if plan.routed else port
+    argv = engine_argv(plan, python=python, model_path=model_path, host=host, port=at)
+    env = engine_env(plan, all_gpus, outer_visible, engine if plan.routed else None, cores)
+    if plan.split_across_nodes:
+        argv += node_flags(plan, 0, master_addr, master_port)
+        env["VLLM_HOST_IP"] = master_addr
+    return with_extra_args(argv, extra_args or []), env
+
+
 def build_commands(
     plan: Plan,
     *,
@@ -292,13 +319,12 @@ def build_commands(
     (``engine.extra_args``) end every vLLM command line, as ``serve`` passes them."""
     extra = extra_args or []
     outer = os.environ.get("CUDA_VISIBLE_DEVICES")
+    where = {"python": python, "model_path": model_path, "port": port, "all_gpus": all_gpus, "cores": cores}
+    secret = {"VLLM_API_KEY": "<your engine.api_key>"} if api_key else {}  # never printed; serve passes the real one
     if plan.split_across_nodes:
+        argv, env = engine_command(plan, 0, host=host, extra_args=extra, outer_visible=outer, **where)
+        commands = [Command(role="engine-head", node=0, argv=argv, env={**env, **secret})]
         env = engine_env(plan, all_gpus, outer)
-        head_env = {**env, "VLLM_HOST_IP": HEAD_ADDRESS}
-        if api_key:
-            head_env["VLLM_API_KEY"] = "<your engine.api_key>"  # never printed; serve passes the real one
-        argv = engine_argv(plan, python=python, model_path=model_path, host=host, port=port) + node_flags(plan, 0)
-        commands = [Command(role="engine-head", node=0, argv=with_extra_args(argv, extra), env=head_env)]
         for node in range(1, plan.nodes):
             argv = with_extra_args(worker_argv(plan, python=python, model_path=model_path, node_rank=node), extra)
             commands.append(
@@ -308,12 +334,8 @@ def build_commands(
     commands = []
     for node in range(plan.nodes):
         for engine in range(plan.engine_count):
-            at = engine_port(port, engine) if plan.routed else port
-            where = host if node == 0 else f"<node-{node}-ip>"  # the head's router must reach it
-            argv = with_extra_args(engine_argv(plan, python=python, model_path=model_path, host=where, port=at), extra)
-            env = engine_env(plan, all_gpus, outer, engine, cores)
-            if api_key:
-                env["VLLM_API_KEY"] = "<your engine.api_key>"  # never printed; serve passes the real one
+            at = host if node == 0 else f"<node-{node}-ip>"  # the head's router must reach it
+            argv, env = engine_command(plan, engine, host=at, extra_args=extra, outer_visible=outer, **where)
             role = f"engine {engine}" if plan.routed else "engine"
-            commands.append(Command(role=role, node=node, argv=argv, env=env))
+            commands.append(Command(role=role, node=node, argv=argv, env={**env, **secret}))
     return commands

@@ -42,14 +42,13 @@ from backend.runtime.rundir import RunDir
 from backend.runtime.status import EngineStatus, WarmupRecord
 from backend.runtime.warmup import WarmupError, warm_up
 from config.commands import (
+    HEAD_ADDRESS,
     MASTER_PORT,
-    engine_argv,
+    engine_command,
     engine_env,
     engine_port,
-    node_flags,
     plan_ports,
     router_metrics_port,
-    with_extra_args,
 )
 from config.pipeline import Planned, plan_for
 from config.plan import Plan
@@ -265,16 +264,25 @@ class Server:
         out = []
         for i in range(plan.engine_count):
             port = engine_port(e.port, i) if plan.routed else e.port
-            argv = engine_argv(plan, python=e.python, model_path=model_path, host=e.host, port=port)
-            index = i if plan.routed else None
-            env = engine_env(plan, hw.gpus_per_node, outer, index, hw.node.cpu_cores)
             if plan.split_across_nodes:  # node 0's part: the API server and the first stage
-                addr = self.master_addr = self.master_addr or head_ip()
-                argv += node_flags(plan, 0, addr, self.master_port)
-                env["VLLM_HOST_IP"] = addr
-                if env.get("VLLM_CPU_OMP_THREADS_BIND") == "auto" and resolves_to_loopback(addr):
-                    env["VLLM_CPU_OMP_THREADS_BIND"] = core_share(0, plan.nodes) or "auto"
-            argv = with_extra_args(argv, e.extra_args)
+                self.master_addr = self.master_addr or head_ip()
+            argv, env = engine_command(
+                plan,
+                i,
+                python=e.python,
+                model_path=model_path,
+                host=e.host,
+                port=e.port,
+                all_gpus=hw.gpus_per_node,
+                cores=hw.node.cpu_cores,
+                extra_args=e.extra_args,
+                outer_visible=outer,
+                master_addr=self.master_addr or HEAD_ADDRESS,
+                master_port=self.master_port,
+            )
+            addr = env.get("VLLM_HOST_IP")
+            if addr and env.get("VLLM_CPU_OMP_THREADS_BIND") == "auto" and resolves_to_loopback(addr):
+                env["VLLM_CPU_OMP_THREADS_BIND"] = core_share(0, plan.nodes) or "auto"
             if e.api_key:
                 env["VLLM_API_KEY"] = e.api_key
             if self.mps:
