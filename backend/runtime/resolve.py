@@ -13,6 +13,7 @@ from pathlib import Path
 
 from config.model import ModelReadError
 from config.model.hub import not_cached, offline_reason
+from config.model.reading import not_found
 from config.settings import ROOT, Settings
 
 DEMO_ID = "demo"
@@ -67,21 +68,6 @@ def _from_hub(model_id: str, revision: str | None) -> str:
         ) from None
 
 
-def only_a_directory(model_id: str) -> str | None:
-    """Why ``model_id``, found nowhere on disk, can only have meant a local directory (a typo the demo
-    model must not stand in for), or None when it may be a Hugging Face id."""
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    if model_id.startswith(("/", "./", "../", "~")):
-        return "no such directory"
-    try:
-        validate_repo_id(model_id)
-    except HFValidationError:
-        return "no such directory, and not a Hugging Face id (name or owner/name)"
-    return None
-
-
 def resolve_model(settings: Settings) -> ResolvedModel:
     """The local path to serve, or ModelReadError when nothing can be served."""
     model_id = settings.model.id
@@ -98,7 +84,7 @@ def resolve_model(settings: Settings) -> ResolvedModel:
         from backend.runtime.demo_model import is_demo_model
 
         return ResolvedModel(str(local.resolve()), demo=is_demo_model(local))
-    why = only_a_directory(model_id)
+    why = not_found(model_id)
     if why:
         raise ModelReadError(f"model '{model_id}': {why}")
     try:

@@ -26,15 +26,26 @@ def read_model(source: str | Path, *, revision: str | None = None) -> ModelSpec:
         return model_from_config(load_json(config_path, name), source=name, path=config_path)
     if path.is_file():
         return model_from_config(load_json(path, name), source=name, path=path)
-    if _looks_local(name):
-        raise ModelReadError(f"model '{name}': no such directory or file {path}")
+    why = not_found(name)
+    if why:
+        raise ModelReadError(f"model '{name}': {why} ({path})")
     cached = hub_config(name, revision)
     return model_from_config(load_json(cached, name), source=name, path=cached)
 
 
-def _looks_local(name: str) -> bool:
-    """A path the user meant as local: absolute, ./ ../ ~, or deeper than org/name."""
-    return name.startswith(("/", ".", "~")) or "\\" in name or name.count("/") > 1 or name.endswith("config.json")
+def not_found(name: str) -> str | None:
+    """Why ``name``, found nowhere on disk, can only have meant a local path (a typo that neither
+    the hub nor the demo model may stand in for), or None when it may be a Hugging Face id."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if name.startswith(("/", ".", "~")) or "\\" in name or name.endswith("config.json"):
+        return "no such directory or file"
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return "no such directory or file, and not a Hugging Face id (name or owner/name)"
+    return None
 
 
 def load_json(path: Path, name: str) -> dict[str, Any]:

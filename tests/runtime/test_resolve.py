@@ -34,7 +34,7 @@ def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
         ("/no/such/model", "no such directory"),
         ("./typo", "no such directory"),
         ("~/no-such-model-here", "no such directory"),
-        ("models/ernie/v2", "no such directory, and not a Hugging Face id"),
+        ("models/ernie/v2", "no such directory or file, and not a Hugging Face id"),
         ("   ", "model id is empty"),
     ],
 )
