@@ -26,6 +26,8 @@ gpu_clean() {  # serve's engines run in their own session: a call's end does not
   nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9 2>/dev/null
   pkill -9 -f vllm_router.launch_router 2>/dev/null
   pkill -9 -f "vllm.entrypoints.cli.main serve" 2>/dev/null
+  pkill -9 -f "^VLLM::|EngineCore" 2>/dev/null  # renamed children outlive a call cut at its limit (MPS clients
+  # are not in nvidia-smi's list): left on engine ports, they shared them with the next call's engines
   sleep 2
 }
 

@@ -18,6 +18,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from backend.runtime.process import group_processes
+
 PREFIX = "erniechat-engine-"
 """``erniechat-engine-<serve pid>-<random>``"""
 OWNER_FILE = "engine.pgid"
@@ -56,22 +58,23 @@ def remove_abandoned(base: Path) -> list[Path]:
     removed = []
     for path in base.glob(f"{PREFIX}*"):
         serve_pid = path.name[len(PREFIX) :].split("-", 1)[0]
-        if not serve_pid.isdigit() or _alive(int(serve_pid), group=False):
+        if not serve_pid.isdigit() or alive(int(serve_pid)):
             continue
         try:
             owner = int((path / OWNER_FILE).read_text())
         except (OSError, ValueError):
             owner = None
-        if owner is not None and _alive(owner, group=True):
+        if owner is not None and group_processes(owner, live=True):
             continue  # an engine outliving its serve (killed with SIGKILL) still runs from here
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
 
 
-def _alive(pid: int, group: bool) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists; another user's counts as alive."""
     try:
-        os.killpg(pid, 0) if group else os.kill(pid, 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:

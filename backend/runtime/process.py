@@ -8,7 +8,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 
@@ -136,29 +136,36 @@ class EngineProcess:
         """SIGTERM to the whole group, then SIGKILL what is left after the grace period."""
         if not self.proc:
             return
-        pgid = self.proc.pid
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None and not _group_alive(pgid):
-                    return
-                time.sleep(0.2)
+        stop_group(self.proc.pid, grace_s, self.proc.poll)
         self.proc.poll()
 
 
-def group_processes(pgid: int) -> list[int]:
-    """Pids in process group ``pgid`` (Linux /proc; empty elsewhere)."""
+def stop_group(pgid: int, grace_s: float = 15.0, reap: Callable[[], object] = lambda: None) -> None:
+    """SIGTERM to process group ``pgid``, then SIGKILL what is left after the grace period.
+    ``reap``: collect the leader's exit when it is our own child (else it stays a zombie)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            reap()
+            if not group_processes(pgid, live=True):
+                return
+            time.sleep(0.2)
+
+
+def group_processes(pgid: int, live: bool = False) -> list[int]:
+    """Pids in process group ``pgid`` (Linux /proc; empty elsewhere); ``live``: leaving out zombies,
+    which a group keeps until someone reaps them (init may not, in a container)."""
     pids = []
     for entry in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = entry.read_text().rsplit(")", 1)[1].split()
         except (FileNotFoundError, ProcessLookupError, IndexError):
             continue
-        if int(fields[2]) == pgid:  # after the name: state, ppid, pgrp
+        if int(fields[2]) == pgid and not (live and fields[0] == "Z"):  # after the name: state, ppid, pgrp
             pids.append(int(entry.parent.name))
     return sorted(pids)
 

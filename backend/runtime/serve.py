@@ -32,6 +32,7 @@ from backend.errors import EngineStartError, ErniechatError, PlanError
 from backend.runtime.cluster import Head
 from backend.runtime.display import DEMO_BANNER, Display
 from backend.runtime.engines import ENGINE_CORE_TITLE, Engine, start_waves
+from backend.runtime.leftovers import stop_leftovers
 from backend.runtime.logwatch import Phase
 from backend.runtime.mps import MpsDaemon
 from backend.runtime.node_identity import core_share, head_ip, model_fingerprint, resolves_to_loopback, vllm_version
@@ -133,6 +134,8 @@ class Server:
         """Resolve, plan, launch, wait for health, warm up. True when ready."""
         e = self.settings.engine
         self.update("starting", "resolving the model", 0.01)
+        for left in stop_leftovers():
+            self.say(f"stopped an engine left running by a killed serve (pid {left.serve_pid}, group {left.pgid})")
         problem = bind_problem(e.host, e.port) if self.node_rank == 0 else None
         if problem == IN_USE:
             self.fail(
@@ -244,6 +247,14 @@ class Server:
             raise PlanError(
                 f"the chat page's port {self.page_port} is one the engines need ({needs}); "
                 f"choose {outside} or another --engine-port"
+            )
+        host = self.settings.engine.host
+        held = [p for p in taken[1:] if self.node_rank == 0 and bind_problem(host, p) == IN_USE]
+        if held:
+            raise PlanError(
+                f"port {held[0]} on {host}, one of the {len(taken)} from engine.port {taken[0]} the plan's "
+                "engines and router listen on, is already in use (another engine?); stop it or choose another "
+                "--engine-port"
             )
         self.engines = self._engines(plan, self.resolved.path)
         self.status.log_path = str(self.engines[0].log_path)

@@ -26,7 +26,7 @@ from support.services import ROOT, BackendProcess, Engine, backend_env, clear_se
 from backend.engine_api import KINDS, ChatResult, chat, fetch_metrics, total
 from backend.errors import EngineStartError
 from backend.measure.prompts import prompt_of
-from backend.runtime import engine_tmp, mps
+from backend.runtime import engine_tmp, leftovers, mps
 from backend.runtime.display import Display
 from backend.runtime.engines import Engine as RuntimeEngine
 from backend.runtime.engines import start_waves
@@ -74,6 +74,34 @@ def test_a_directory_whose_serve_and_engine_are_gone_is_removed_and_no_other(tmp
     engine_tmp.record_owner(orphan, os.getpgid(0))
     assert engine_tmp.remove_abandoned(tmp_path) == [gone]
     assert not gone.exists() and ours.exists() and orphan.exists() and other.exists()
+
+
+def test_only_a_vllm_group_whose_serve_is_gone_is_stopped_as_a_leftover(tmp_path: Path) -> None:
+    """A group is stopped when its serve is dead and it runs vLLM (here a stand-in whose command line
+    names it); a group of something else, or one whose serve lives, is left alone."""
+    dead = subprocess.Popen(["true"], start_new_session=True)
+    dead.wait()
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    engine_like = subprocess.Popen([*sleeper, "vllm.entrypoints.cli.main"], start_new_session=True)
+    other = subprocess.Popen(sleeper, start_new_session=True)
+    kept = subprocess.Popen([*sleeper, "vllm"], start_new_session=True)
+    try:
+        for name, proc, serve in (("a", engine_like, dead.pid), ("b", other, dead.pid), ("c", kept, os.getpid())):
+            path = tmp_path / f"{engine_tmp.PREFIX}{serve}-{name}"
+            path.mkdir()
+            engine_tmp.record_owner(path, proc.pid)
+        assert leftovers.find_leftovers(tmp_path) == [leftovers.Leftover(engine_like.pid, dead.pid)]
+        assert leftovers.stop_leftovers(tmp_path, grace_s=5) == [leftovers.Leftover(engine_like.pid, dead.pid)]
+        assert engine_like.wait(10) == -signal.SIGTERM
+        assert other.poll() is None and kept.poll() is None
+        assert {p.name for p in tmp_path.iterdir()} == {
+            f"{engine_tmp.PREFIX}{dead.pid}-b",  # its group lives: kept, though not vLLM's
+            f"{engine_tmp.PREFIX}{os.getpid()}-c",
+        }
+    finally:
+        for proc in (engine_like, other, kept):
+            proc.kill()
+            proc.wait()
 
 
 def test_start_goes_through_the_states_and_prints_ready(engine: Engine) -> None:
@@ -307,6 +335,22 @@ def test_a_page_port_the_engine_needs_fails_before_any_engine_starts(tmp_path: P
     assert status is not None and status.state == "failed" and status.error == why and status.engine_pid is None
 
 
+def test_a_routed_plans_engine_port_in_use_fails_before_any_engine_starts(tmp_path: Path) -> None:
+    """Two engines behind the router listen on engine.port + 1 and + 2: the second one held (say by an
+    engine started by hand) is named before any vLLM is launched, not found by a hanging warm-up."""
+    port = free_port()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port + 2))
+        holder.listen()
+        args = ["serve", "--model", "demo", "--engine-port", str(port), "--set", "engines_per_gpu=2"]
+        proc = BackendProcess(args, backend_env(tmp_path)).start()
+        assert proc.wait(120) == 2
+    assert f"port {port + 2} on 127.0.0.1, one of the 4 from engine.port {port}" in proc.output(), proc.output()
+    assert "is already in use" in proc.output()
+    status = read_status(tmp_path)
+    assert status is not None and status.state == "failed" and status.engine_pid is None
+
+
 def test_mps_sharing_without_its_daemon_fails_before_any_engine_starts(tmp_path: Path) -> None:
     """A GPU plan of two engines under MPS on a host without NVIDIA's MPS control program (this one):
     refused with the program's name and the fix, before vLLM is launched."""
@@ -406,6 +450,28 @@ def test_engine_killed_mid_run_is_detected(engine: Engine) -> None:
     after = read_status(engine.run_dir)
     assert after is not None and after.state == "failed" and "exited unexpectedly" in (after.error or "")
     engine.start()  # later tests expect a live engine
+
+
+@pytest.mark.destructive(order=1)
+def test_an_engine_a_killed_serve_left_running_is_stopped_by_the_next_start(engine: Engine) -> None:
+    """SIGKILL to serve cannot stop its engine, which runs in its own process group (on a GPU holding
+    its memory, and with several API servers its port, which vLLM binds with SO_REUSEPORT: a new
+    engine would start beside it and share its connections). The next start stops it, says so, and
+    comes up on that port."""
+    old = read_status(engine.run_dir)
+    assert old is not None and old.engine_pid
+    own = tmp_dir_of(old.engine_pid)
+    serve = engine.process.proc
+    assert serve is not None
+    serve.kill()
+    serve.wait(30)
+    assert not group_gone(old.engine_pid, timeout=2), "the engine went with its serve: nothing to test"
+    engine.start()
+    said = f"stopped an engine left running by a killed serve (pid {serve.pid}, group {old.engine_pid})"
+    assert said in engine.process.output(), engine.process.output()[-2000:]
+    assert group_gone(old.engine_pid, timeout=5) and not own.exists()
+    new = read_status(engine.run_dir)
+    assert new is not None and new.state == "ready" and new.engine_pid != old.engine_pid
 
 
 @pytest.mark.destructive(order=99)
