@@ -16,6 +16,7 @@ has no ``vllm`` script, so CPU workers run vLLM's CLI through ``backend/runtime/
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -319,10 +320,19 @@ def build_commands(
     (``engine.extra_args``) end every vLLM command line, as ``serve`` passes them."""
     extra = extra_args or []
     outer = os.environ.get("CUDA_VISIBLE_DEVICES")
-    where = {"python": python, "model_path": model_path, "port": port, "all_gpus": all_gpus, "cores": cores}
+    command = functools.partial(
+        engine_command,
+        python=python,
+        model_path=model_path,
+        port=port,
+        all_gpus=all_gpus,
+        cores=cores,
+        extra_args=extra,
+        outer_visible=outer,
+    )
     secret = {"VLLM_API_KEY": "<your engine.api_key>"} if api_key else {}  # never printed; serve passes the real one
     if plan.split_across_nodes:
-        argv, env = engine_command(plan, 0, host=host, extra_args=extra, outer_visible=outer, **where)
+        argv, env = command(plan, 0, host=host)
         commands = [Command(role="engine-head", node=0, argv=argv, env={**env, **secret})]
         env = engine_env(plan, all_gpus, outer)
         for node in range(1, plan.nodes):
@@ -335,7 +345,7 @@ def build_commands(
     for node in range(plan.nodes):
         for engine in range(plan.engine_count):
             at = host if node == 0 else f"<node-{node}-ip>"  # the head's router must reach it
-            argv, env = engine_command(plan, engine, host=at, extra_args=extra, outer_visible=outer, **where)
+            argv, env = command(plan, engine, host=at)
             role = f"engine {engine}" if plan.routed else "engine"
             commands.append(Command(role=role, node=node, argv=argv, env={**env, **secret}))
     return commands

@@ -120,7 +120,8 @@ def coerce_pins(pins: dict[str, Any]) -> dict[str, Any]:
         field = Plan.model_fields[key]
         assert field.annotation is not None
         try:  # the field's bounds (ge/le) too, so an out-of-range pin is a PlanError, not a crash
-            typed = Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
+            # Annotated[...] built at runtime from the field: a type form mypy cannot read statically
+            typed: Any = Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
             value = TypeAdapter(typed).validate_python(raw, strict=False)
         except ValidationError as err:
             raise PlanError(f"{key}={raw}: {err.errors()[0]['msg']}") from None

@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
 .venv/bin/ruff check .
+.venv/bin/mypy
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

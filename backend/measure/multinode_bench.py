@@ -113,7 +113,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):
             for kind in ("single", "pp2"):
-                res = {
+                res: dict[str, object] = {
                     "round": i,
                     "kind": kind,
                     "load_before": os.getloadavg()[0],

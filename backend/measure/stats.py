@@ -103,10 +103,6 @@ def summarize(
     tpot = [t for r in ok if (t := tpot_s(r)) is not None]
     e2e = [r.total_s for r in ok]
     tokens = sum(r.tokens for r in ok)
-    quantiles: dict[str, float | None] = {}
-    for name, values in (("ttft", ttft), ("itl", itl), ("tpot", tpot), ("e2e", e2e)):
-        quantiles[f"{name}_p50_ms"] = ms(percentile(values, 50))
-        quantiles[f"{name}_p99_ms"] = ms(percentile(values, 99))
     return Level(
         concurrency=concurrency,
         requests_planned=planned,
@@ -120,6 +116,13 @@ def summarize(
         tokens_per_request_mean=round(tokens / len(ok), 1) if ok else 0.0,
         output_tokens_per_s=round(tokens / wall_s, 2) if wall_s > 0 else 0.0,
         requests_per_s=round(len(ok) / wall_s, 3) if wall_s > 0 else 0.0,
+        ttft_p50_ms=ms(percentile(ttft, 50)),
+        ttft_p99_ms=ms(percentile(ttft, 99)),
+        itl_p50_ms=ms(percentile(itl, 50)),
+        itl_p99_ms=ms(percentile(itl, 99)),
+        tpot_p50_ms=ms(percentile(tpot, 50)),
+        tpot_p99_ms=ms(percentile(tpot, 99)),
+        e2e_p50_ms=ms(percentile(e2e, 50)),
+        e2e_p99_ms=ms(percentile(e2e, 99)),
         itl_max_ms=ms(max(itl) if itl else None),
-        **quantiles,
     )

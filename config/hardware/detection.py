@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterable
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -139,7 +140,7 @@ def read_gpus(nvml: Any, cuda_visible_devices: str | None) -> tuple[tuple[GPUInf
     visible = nv.visible_indexes(cuda_visible_devices, uuids)
     gpus = tuple(_read_gpu(nvml, handles[n], cuda_index) for cuda_index, n in enumerate(visible))
     bus_ids = [nv.bus_id(nvml, h) for h in handles]
-    remotes = {n: nv.nvlink_remotes(nvml, handles[n]) for n in visible}
+    remotes: dict[int, Iterable[str]] = {n: nv.nvlink_remotes(nvml, handles[n]) for n in visible}
     pairs = set(nv.nvlink_pairs_from_remotes(bus_ids, remotes))
     pairs |= nv.p2p_nvlink_pairs(nvml, handles, visible)
     return gpus, nv.reindex_pairs(pairs, visible)

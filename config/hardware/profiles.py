@@ -282,14 +282,17 @@ def _reading_order(loc: tuple[int | str, ...], data: Any) -> list[tuple[int, int
             order.append((0, list(data).index(part) if isinstance(data, dict) and part in data else 0))
         if not isinstance(part, int):
             path.append(part)
-        data = data[part] if isinstance(data, (dict, list)) and _has(data, part) else None
+        data = _child(data, part)
     return order
 
 
-def _has(container: dict[str, Any] | list[Any], part: int | str) -> bool:
-    if isinstance(container, dict):
-        return part in container
-    return isinstance(part, int) and 0 <= part < len(container)
+def _child(data: Any, part: int | str) -> Any:
+    """``data[part]`` where the file has it; None where it has not, or ``data`` is no table or list."""
+    if isinstance(data, dict):
+        return data.get(part)
+    if isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+        return data[part]
+    return None
 
 
 def _describe(error: ErrorDetails) -> str:
