@@ -27,7 +27,7 @@ import itertools
 import json
 import re
 import statistics
-from collections import Counter
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ class EngineTrace:
     """(start, requests reading a prompt, requests decoding) per step."""
     phases: dict[str, list[float]] = field(default_factory=dict)
     device: list[Span] = field(default_factory=list)
-    kernels: Counter[str] = field(default_factory=Counter)
+    kernels: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     """Total microseconds per kernel name."""
     graph_launches: int = 0
 
@@ -125,9 +125,8 @@ def engine_summary(trace: EngineTrace, top: int = 8) -> dict[str, Any]:
     out["kernels_per_step"] = round(len(in_window) / steps, 1)
     out["graph_launches_per_step"] = round(trace.graph_launches / max(len(trace.steps), 1), 2)
     total = sum(trace.kernels.values()) or 1.0
-    out["top_kernels"] = [
-        {"name": n[:90], "share_pct": round(100 * us / total, 1)} for n, us in trace.kernels.most_common(top)
-    ]
+    costliest = sorted(trace.kernels.items(), key=lambda kv: -kv[1])[:top]
+    out["top_kernels"] = [{"name": n[:90], "share_pct": round(100 * us / total, 1)} for n, us in costliest]
     return out
 
 

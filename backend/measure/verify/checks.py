@@ -55,7 +55,7 @@ def overall(checks: Sequence[Check]) -> Result:
     results = {c.result for c in checks}
     for verdict in ("fail", "warn"):
         if verdict in results:
-            return verdict  # type: ignore[return-value]
+            return verdict
     return "pass"
 
 
