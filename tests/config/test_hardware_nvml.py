@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pytest
 from fake_nvml import FakeGPU, FakeNVML, four_gpus
 
@@ -55,7 +57,7 @@ def test_reindex_pairs() -> None:
 
 def test_nvlink_pairs_from_remotes() -> None:
     buses = ["00000000:1B:00.0", "00000000:43:00.0", "00000000:52:00.0"]
-    remotes = {
+    remotes: dict[int, Iterable[str]] = {
         0: ["0000:43:00.0", "0000:43:00.0", "00000000:1B:00.0"],  # twice; itself
         1: ["00000000:1b:00.0", "00000000:99:00.0"],  # 99 is an NVSwitch
         2: [],

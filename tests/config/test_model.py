@@ -477,4 +477,4 @@ def test_hand_built_spec_fills_param_count_and_keeps_a_given_one() -> None:
         ModelSpec(**{**fields, "num_kv_heads": 12})
     assert ModelSpec(**fields, param_count=123).param_count == 123
     with pytest.raises(ValueError):
-        ModelSpec(**fields).num_layers = 1  # type: ignore[misc]
+        ModelSpec(**fields).num_layers = 1

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, TypedDict, Unpack
 
 import pytest
 from support.services import clear_settings_env
@@ -23,7 +24,7 @@ from config.pipeline import plan_for
 from config.plan import GIB, Plan
 from config.planner import PlanError, make_plan
 from config.rules.parallel import valid_tp_sizes
-from config.settings import WorkloadSettings, load_settings
+from config.settings import Objective, WorkloadSettings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data"
@@ -37,7 +38,17 @@ def model(name: str) -> ModelSpec:
     return read_model(DATA / f"{name}.json")
 
 
-def plan(profile: str, name: str = ERNIE, pins: dict[str, object] | None = None, **workload: object) -> Plan:
+class Workload(TypedDict, total=False):
+    """WorkloadSettings' fields, as keywords to plan()."""
+
+    objective: Objective
+    users: int
+    prompt_tokens: int
+    reply_tokens: int
+    context: int | None
+
+
+def plan(profile: str, name: str = ERNIE, pins: dict[str, object] | None = None, **workload: Unpack[Workload]) -> Plan:
     return make_plan(load_profile(profile), model(name), WorkloadSettings(**workload), pins)
 
 
@@ -412,7 +423,7 @@ def test_cpu_plan_lowers_the_engine_core_and_gpu_plans_leave_it() -> None:
 @pytest.mark.skipif(not Path(ENGINE_PYTHON).exists(), reason="engine environment not installed")
 def test_plans_pass_vllms_own_config_checks(tmp_path: Path) -> None:
     """vLLM's ModelConfig/ParallelConfig/SchedulerConfig accept every plan we make."""
-    cases = []
+    cases: list[dict[str, Any]] = []  # JSON for vllm_rules_check.py
     for case, (result, _hw, _m) in PLANS.items():
         if not isinstance(result, Plan):
             continue

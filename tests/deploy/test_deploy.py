@@ -37,7 +37,9 @@ def image_env(path: Path) -> dict[str, str]:
     env: dict[str, str] = {}
     for line in instructions(path):
         if line.startswith("ENV "):
-            env.update(pair.split("=", 1) for pair in line[4:].split())
+            for pair in line[4:].split():
+                key, value = pair.split("=", 1)
+                env[key] = value
     return env
 
 

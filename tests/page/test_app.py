@@ -42,7 +42,7 @@ from backend.runtime.rundir import RunDir
 from backend.runtime.status import EngineStatus, WarmupRecord, read_status
 from backend.runtime.up import settings_env
 from config.pipeline import plan_for
-from config.settings import ROOT, Settings, load_settings
+from config.settings import ROOT, AppSettings, EngineSettings, Settings, load_settings
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -94,11 +94,11 @@ def test_the_page_start_names_a_missing_app(tmp_path: Path) -> None:
 
 
 def test_first_token_timeout_comes_from_the_warmup_record(tmp_path: Path) -> None:
-    settings = Settings(engine={"run_dir": tmp_path})
+    settings = Settings(engine=EngineSettings(run_dir=tmp_path))
     link = EngineLink(settings)
-    slow = EngineStatus(warmup={"max_ttft_s": 10.0})
+    slow = EngineStatus(warmup=WarmupRecord(max_ttft_s=10.0))
     assert link.timeouts(slow).first_token == 10.0 * settings.app.first_token_margin
-    fast = EngineStatus(warmup={"max_ttft_s": 0.2})
+    fast = EngineStatus(warmup=WarmupRecord(max_ttft_s=0.2))
     assert link.timeouts(fast).first_token == settings.app.first_token_floor_s
     assert link.timeouts(None).first_token == settings.app.first_token_floor_s  # no record at all
     settings.app.first_token_timeout_s = 7.0
@@ -111,11 +111,16 @@ def test_one_client_per_engine_and_each_request_brings_its_own_deadline(tmp_path
     """The page keeps one HTTP client per engine, whatever a message's first-token deadline (a long
     paste gets a longer one), and a plain request to an engine that accepts and never answers ends
     at its own deadline, named."""
-    settings = Settings(engine={"run_dir": tmp_path}, app={"first_token_timeout_s": 0.3, "token_timeout_s": 0.5})
+    settings = Settings(
+        engine=EngineSettings(run_dir=tmp_path), app=AppSettings(first_token_timeout_s=0.3, token_timeout_s=0.5)
+    )
     link = EngineLink(settings)
     with socket.create_server(("127.0.0.1", 0)) as mute:  # accepts (backlog), never answers
         url = f"http://127.0.0.1:{mute.getsockname()[1]}/v1"
-        slow, fast = EngineStatus(warmup={"max_ttft_s": 10.0}), EngineStatus(warmup={"max_ttft_s": 0.2})
+        slow, fast = (
+            EngineStatus(warmup=WarmupRecord(max_ttft_s=10.0)),
+            EngineStatus(warmup=WarmupRecord(max_ttft_s=0.2)),
+        )
         one = link.client(Target(url, "m", None, slow))
         assert link.client(Target(url, "m", None, fast)) is one
         assert link.client(Target(url.replace("/v1", "/w"), "m", None, None)) is not one
@@ -134,7 +139,7 @@ def test_one_client_per_engine_and_each_request_brings_its_own_deadline(tmp_path
 def test_a_prompt_longer_than_warmups_gets_a_deadline_for_its_prefill(tmp_path: Path) -> None:
     """Warm-up's medium and long prompts (500 and 1,000 tokens, 0.1 and 0.25 s) fit t = a·n + b·n²;
     a 50,000-token paste then gets its prefill x margin, not the 15 s floor that called it stuck."""
-    settings = Settings(engine={"run_dir": tmp_path})
+    settings = Settings(engine=EngineSettings(run_dir=tmp_path))
     link, margin = EngineLink(settings), settings.app.first_token_margin
     shapes = {"medium": {"max_ttft_s": 0.1}, "long": {"max_ttft_s": 0.25}}
     warm = WarmupRecord(max_ttft_s=0.3, prompt_tokens={"medium": 500, "long": 1000}, by_shape=shapes)
@@ -153,7 +158,7 @@ def test_a_prompt_longer_than_warmups_gets_a_deadline_for_its_prefill(tmp_path: 
 def test_chat_settings_a_script_could_send_are_brought_into_range(tmp_path: Path) -> None:
     """The sliders keep a browser in range; a hand-built client is not, and vLLM would refuse every
     later message of the chat (temperature 5: HTTP 400)."""
-    settings = Settings(engine={"run_dir": tmp_path})
+    settings = Settings(engine=EngineSettings(run_dir=tmp_path))
     wild = Sampling.from_values({"temperature": 5, "top_p": 0, "max_tokens": 0, "system_prompt": "x\ud800"}, settings)
     assert (wild.temperature, wild.top_p, wild.max_tokens, wild.system_prompt) == (2.0, 0.05, 1, "x\ufffd")
     junk = Sampling.from_values({"temperature": "abc", "top_p": None, "max_tokens": float("nan")}, settings)
@@ -219,7 +224,7 @@ TRICKY_TEXTS = [
 
 def test_the_bound_is_never_below_the_engines_own_count(engine: Engine, tmp_path: Path) -> None:
     """The skip-counting shortcut is only safe if the bound holds for the real tokenizer and template."""
-    link = EngineLink(Settings(engine={"run_dir": engine.run_dir}))
+    link = EngineLink(Settings(engine=EngineSettings(run_dir=engine.run_dir)))
     target = Target(engine.base_url, engine.served_name, None, None)
 
     async def check() -> None:
@@ -238,7 +243,9 @@ def test_the_bound_is_never_below_the_engines_own_count(engine: Engine, tmp_path
 
 @pytest.mark.parametrize("interval_ms", [0.0, 60_000.0])
 def test_stream_joins_tokens_for_the_page_but_times_each(engine: Engine, tmp_path: Path, interval_ms: float) -> None:
-    link = EngineLink(Settings(engine={"run_dir": tmp_path}, app={"stream_interval_ms": interval_ms}))
+    link = EngineLink(
+        Settings(engine=EngineSettings(run_dir=tmp_path), app=AppSettings(stream_interval_ms=interval_ms))
+    )
     target = Target(engine.base_url, engine.served_name, None, None)
     sampling = Sampling(temperature=0.0, top_p=1.0, max_tokens=40, system_prompt="")
     sent: list[str] = []
@@ -459,7 +466,7 @@ async def long_reply_held(tab: ChatClient, engine: Engine) -> AsyncIterator[tupl
 
         def streaming() -> bool:
             reply = tab.reply_to(mid)
-            return bool(reply) and tab.tokens.get(reply["id"], 0) >= 5
+            return bool(reply and tab.tokens.get(reply["id"], 0) >= 5)
 
         steps = 0
         while not streaming():
@@ -615,10 +622,10 @@ def test_history_is_trimmed_to_the_context_and_a_too_long_message_is_refused(
             prompts: list[float] = []
             notes: list[str] = []
             for i in range(7):
-                before = (await engine_counts(engine.base_url))["prompt_tokens"]
+                sent_before = (await engine_counts(engine.base_url))["prompt_tokens"]
                 reply = await tab.ask(f"Turn {i}: {words(14)}")
                 footer_of(reply)
-                prompts.append((await engine_counts(engine.base_url))["prompt_tokens"] - before)
+                prompts.append((await engine_counts(engine.base_url))["prompt_tokens"] - sent_before)
                 notes.append(m.group(0) if (m := TRIMMED.search(reply["output"])) else "")
             print(f"prompt tokens per turn: {prompts}; notes: {notes}")
             assert all(p <= limit for p in prompts), prompts

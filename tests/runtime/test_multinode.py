@@ -183,11 +183,13 @@ def test_replicas_on_two_nodes_behind_the_router(tmp_path: Path) -> None:
             for turn in range(2):
                 before = [finished(u) for u in urls]
                 stream_chat(router, f"{session}, turn {turn}", session)
-                moved = wait_until(
-                    "an engine counted the reply",
-                    lambda b=before: (d := [finished(u) - x for u, x in zip(urls, b, strict=True)]) and sum(d) and d,
-                )
-                landed.setdefault(session, []).append(moved.index(1))  # type: ignore[union-attr]
+
+                def moved_since(b: list[float] = before) -> list[float] | float:
+                    return (d := [finished(u) - x for u, x in zip(urls, b, strict=True)]) and sum(d) and d
+
+                moved = wait_until("an engine counted the reply", moved_since)
+                assert isinstance(moved, list)  # the only truthy value moved_since returns
+                landed.setdefault(session, []).append(moved.index(1))
         assert all(len(set(turns)) == 1 for turns in landed.values()), f"a conversation moved: {landed}"
         assert {turns[0] for turns in landed.values()} == {0, 1}, f"one engine got every conversation: {landed}"
 
