@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from backend.runtime.process import group_processes
+
 State = Literal["starting", "loading", "warming", "ready", "failed", "stopped"]
 STATUS_FILE = "status.json"
 WARMUP_FILE = "warmup.json"
@@ -115,6 +117,10 @@ def read_status(run_dir: Path) -> EngineStatus | None:
         return EngineStatus(state="failed", detail=why, error=why)
     if status.state in ("starting", "loading", "warming", "ready") and not _alive(status.pid):
         status.state = "failed"
-        status.error = status.error or "the serve process is gone (killed or crashed)"
+        engine = status.engine_pid
+        still = ""
+        if engine and group_processes(engine, live=True):
+            still = f"; its engine (process group {engine}) still runs: the next start stops it, or kill -- -{engine}"
+        status.error = status.error or f"the serve process is gone (killed or crashed){still}"
         status.detail = status.error
     return status

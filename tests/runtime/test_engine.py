@@ -466,6 +466,9 @@ def test_an_engine_a_killed_serve_left_running_is_stopped_by_the_next_start(engi
     serve.kill()
     serve.wait(30)
     assert not group_gone(old.engine_pid, timeout=2), "the engine went with its serve: nothing to test"
+    meanwhile = read_status(engine.run_dir)
+    assert meanwhile is not None and meanwhile.state == "failed"
+    assert f"its engine (process group {old.engine_pid}) still runs: the next start stops it" in (meanwhile.error or "")
     engine.start()
     said = f"stopped an engine left running by a killed serve (pid {serve.pid}, group {old.engine_pid})"
     assert said in engine.process.output(), engine.process.output()[-2000:]
