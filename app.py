@@ -41,8 +41,6 @@ STARTERS = [
     ("Plan a trip", "Plan a relaxed two-day trip to Kyoto with one museum a day."),
     ("Python help", "Show a Python function that removes duplicates from a list but keeps their order."),
 ]
-ANSWERING = "answering"
-"""The user-session key of the task writing this chat's reply, while it runs."""
 _background: set[asyncio.Task] = set()
 
 
@@ -148,13 +146,14 @@ async def start() -> None:
 
 async def refused(text: str, reply_to: str) -> bool:
     """Say why a message is not sent, and True, when it is empty or a reply is still being written
-    in this chat. The browser's input allows neither; a script's could, and two replies at once
-    would interleave the history while Stop reaches only the later one."""
-    why, running = "", cl.user_session.get(ANSWERING)
+    in this chat. A script can send either (and a browser reconnecting mid-reply may); two replies
+    at once would interleave the history while Stop reaches only the later one."""
+    why, running = "", internals.answering()
+    if running is not None:
+        internals.stop_reaches(running)  # Chainlit made this message's task the one Stop cancels
     if not text.strip():
         why = "This message is empty; nothing was sent to the engine."
-    elif running is not None and not running.done():
-        internals.stop_reaches(running)  # Chainlit made this message's task the one Stop cancels
+    elif running is not None:
         why = "A reply is still being written in this chat: wait for it or press Stop, then send this again."
     if why:
         await cl.Message(content=f"⚠️ {why}", metadata={"in_reply_to": reply_to}).send()
@@ -164,11 +163,11 @@ async def refused(text: str, reply_to: str) -> bool:
 async def answer(text: str, reply_to: str, t0: float) -> None:
     """Wait for the engine if it is starting, fit the history, stream the reply with its footer.
     ``t0``: when the message reached the page; the footer's first-token time counts from it."""
-    cl.user_session.set(ANSWERING, asyncio.current_task())
+    internals.set_answering(asyncio.current_task())
     try:
         await answer_one(text, reply_to, t0)
     finally:
-        cl.user_session.set(ANSWERING, None)
+        internals.set_answering(None)
 
 
 async def answer_one(text: str, reply_to: str, t0: float) -> None:
@@ -264,6 +263,7 @@ async def retry(action: cl.Action) -> None:
     text = valid_text(text)
     if await refused(text, reply_to):  # the Retry stays, for once the running reply is done
         return
+    internals.set_answering(asyncio.current_task())  # before any await: a message meanwhile is refused
     await action.remove()
     t0 = time.perf_counter()
     await internals.run_as_session_task(lambda: answer(text, reply_to, t0))

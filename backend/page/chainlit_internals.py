@@ -84,3 +84,20 @@ def stop_reaches(task: asyncio.Task[Any]) -> None:
     """Make ``task`` the one Stop cancels. Chainlit points Stop at the latest message's task, so a
     message refused while a reply runs would otherwise leave that reply out of Stop's reach."""
     cl.context.session.current_task = task
+
+
+ANSWERING = "erniechat_answering"
+"""The attribute of Chainlit's session object that holds the task writing this chat's reply. On the
+session object, not in ``cl.user_session``: "New chat" drops the session, and a late write to
+``user_session`` would create its entry again and leave it there."""
+
+
+def set_answering(task: asyncio.Task[Any] | None) -> None:
+    """Mark the task writing this chat's reply (None: no reply is being written)."""
+    setattr(cl.context.session, ANSWERING, task)
+
+
+def answering() -> asyncio.Task[Any] | None:
+    """The task writing this chat's reply, while it runs."""
+    task: asyncio.Task[Any] | None = getattr(cl.context.session, ANSWERING, None)
+    return task if task is not None and not task.done() else None

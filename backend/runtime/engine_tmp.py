@@ -58,7 +58,7 @@ def remove_abandoned(base: Path) -> list[Path]:
     removed = []
     for path in base.glob(f"{PREFIX}*"):
         serve_pid = path.name[len(PREFIX) :].split("-", 1)[0]
-        if not serve_pid.isdigit() or alive(int(serve_pid)):
+        if path.is_symlink() or not serve_pid.isdigit() or alive(int(serve_pid)):
             continue
         try:
             owner = int((path / OWNER_FILE).read_text())

@@ -9,12 +9,13 @@ an H200 the new engine's warm-up went to a left-over engine whose GPU was gone, 
 "An engine left running by a killed serve").
 
 Such an engine is known by its temporary directory (``engine_tmp``): its ``serve`` is gone, its
-process group is alive, and that group runs vLLM.
+process group is alive, and a process of that group runs with that directory as its ``TMPDIR``.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,30 +33,32 @@ class Leftover:
 
 
 def find_leftovers(base: Path | None = None) -> list[Leftover]:
-    """Engines in ``base`` (the temporary directory) whose ``serve`` is gone and which still run vLLM."""
+    """Engines in ``base`` (the temporary directory) whose ``serve`` is gone and which still run there."""
     found = []
     for path in sorted((base or Path(tempfile.gettempdir())).glob(f"{PREFIX}*")):
         serve_pid = path.name[len(PREFIX) :].split("-", 1)[0]
         try:
-            if path.stat().st_uid != os.getuid():
+            info = path.lstat()  # not through a link: another user's link to a live engine's directory
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
                 continue  # another user's engine is theirs to stop
             pgid = int((path / OWNER_FILE).read_text())
         except (OSError, ValueError):
             continue
-        if serve_pid.isdigit() and not alive(int(serve_pid)) and runs_vllm(pgid):
+        if serve_pid.isdigit() and not alive(int(serve_pid)) and runs_from(pgid, path):
             found.append(Leftover(pgid, int(serve_pid)))
     return found
 
 
-def runs_vllm(pgid: int) -> bool:
-    """True when process group ``pgid`` is alive and one of its processes is vLLM's (its command
-    line or title), so that a reused group id is never taken for an engine."""
+def runs_from(pgid: int, tmp: Path) -> bool:
+    """True when a live process of group ``pgid`` has ``tmp`` as its ``TMPDIR``: that engine's own
+    directory, so a reused group id is never taken for an engine."""
+    wanted = b"TMPDIR=" + bytes(tmp)
     for pid in group_processes(pgid, live=True):
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             continue
-        if b"vllm" in cmdline.lower():
+        if wanted in environ.split(b"\0"):
             return True
     return False
 

@@ -168,13 +168,3 @@ def group_processes(pgid: int, live: bool = False) -> list[int]:
         if int(fields[2]) == pgid and not (live and fields[0] == "Z"):  # after the name: state, ppid, pgrp
             pids.append(int(entry.parent.name))
     return sorted(pids)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

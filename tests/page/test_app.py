@@ -502,6 +502,9 @@ def test_stop_aborts_the_request_on_the_engine(chainlit_app: ChatPage, engine: E
                 await tab.wait_for(lambda: second in tab.finished, 60)
                 refusal = tab.reply_to(second)
                 assert refusal and "A reply is still being written" in refusal["output"], tab.texts()
+                empty = await tab.send("  ")  # refused as empty; Stop must still reach the running reply
+                await tab.wait_for(lambda: empty in tab.finished, 60)
+                assert "This message is empty" in (tab.reply_to(empty) or {}).get("output", ""), tab.texts()
                 assert open_streams(chainlit_app.process.pid or 0, engine.port) == 1
                 await tab.stop()
                 took = await asyncio.to_thread(wait_for_streams, chainlit_app.process.pid or 0, engine.port, 0)

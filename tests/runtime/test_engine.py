@@ -76,27 +76,34 @@ def test_a_directory_whose_serve_and_engine_are_gone_is_removed_and_no_other(tmp
     assert not gone.exists() and ours.exists() and orphan.exists() and other.exists()
 
 
-def test_only_a_vllm_group_whose_serve_is_gone_is_stopped_as_a_leftover(tmp_path: Path) -> None:
-    """A group is stopped when its serve is dead and it runs vLLM (here a stand-in whose command line
-    names it); a group of something else, or one whose serve lives, is left alone."""
+def test_only_an_engine_whose_serve_is_gone_is_stopped_as_a_leftover(tmp_path: Path) -> None:
+    """A group is stopped when its serve is dead and one of its processes runs from that directory
+    (TMPDIR), as an engine does; a group running from elsewhere (a reused group id), one whose serve
+    lives, and one reached through a link planted by someone else are left alone."""
     dead = subprocess.Popen(["true"], start_new_session=True)
     dead.wait()
-    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
-    engine_like = subprocess.Popen([*sleeper, "vllm.entrypoints.cli.main"], start_new_session=True)
-    other = subprocess.Popen(sleeper, start_new_session=True)
-    kept = subprocess.Popen([*sleeper, "vllm"], start_new_session=True)
+    dirs = {name: tmp_path / f"{engine_tmp.PREFIX}{serve}-{name}" for name, serve in
+            (("a", dead.pid), ("b", dead.pid), ("c", os.getpid()))}  # fmt: skip
+    for path in dirs.values():
+        path.mkdir()
+
+    def sleeper(tmp: Path) -> subprocess.Popen[bytes]:
+        argv, env = [sys.executable, "-c", "import time; time.sleep(600)"], {**os.environ, "TMPDIR": str(tmp)}
+        return subprocess.Popen(argv, start_new_session=True, env=env)
+
+    engine_like, other, kept = sleeper(dirs["a"]), sleeper(tmp_path), sleeper(dirs["c"])
     try:
-        for name, proc, serve in (("a", engine_like, dead.pid), ("b", other, dead.pid), ("c", kept, os.getpid())):
-            path = tmp_path / f"{engine_tmp.PREFIX}{serve}-{name}"
-            path.mkdir()
-            engine_tmp.record_owner(path, proc.pid)
+        for name, proc in (("a", engine_like), ("b", other), ("c", kept)):
+            engine_tmp.record_owner(dirs[name], proc.pid)
+        (tmp_path / f"{engine_tmp.PREFIX}{dead.pid}-link").symlink_to(dirs["c"])  # to a live engine's
         assert leftovers.find_leftovers(tmp_path) == [leftovers.Leftover(engine_like.pid, dead.pid)]
         assert leftovers.stop_leftovers(tmp_path, grace_s=5) == [leftovers.Leftover(engine_like.pid, dead.pid)]
         assert engine_like.wait(10) == -signal.SIGTERM
         assert other.poll() is None and kept.poll() is None
         assert {p.name for p in tmp_path.iterdir()} == {
-            f"{engine_tmp.PREFIX}{dead.pid}-b",  # its group lives: kept, though not vLLM's
-            f"{engine_tmp.PREFIX}{os.getpid()}-c",
+            dirs["b"].name,  # its group lives: kept, though it is no engine of this directory
+            dirs["c"].name,
+            f"{engine_tmp.PREFIX}{dead.pid}-link",
         }
     finally:
         for proc in (engine_like, other, kept):
