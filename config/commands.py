@@ -50,6 +50,11 @@ def engine_port(port: int, engine: int) -> int:
     return port + 1 + engine
 
 
+def server_port(plan: Plan, port: int, engine: int) -> int:
+    """Where server ``engine`` of the plan listens: its own port behind the router, else ``port``."""
+    return engine_port(port, engine) if plan.routed else port
+
+
 def router_metrics_port(plan: Plan, port: int) -> int:
     """The router's own Prometheus port: the one after the last engine's."""
     return engine_port(port, plan.engine_count)
@@ -294,8 +299,7 @@ def engine_command(
     """Server ``engine`` of a node's plan, argv and environment: what ``serve`` starts and ``plan``
     prints, one builder for both. Split across nodes, it is node 0's part (the API server and the
     first stage, reached at ``master_addr``); ``extra_args`` (``engine.extra_args``) end the line."""
-    at = engine_port(port, engine) if plan.routed else port
-    argv = engine_argv(plan, python=python, model_path=model_path, host=host, port=at)
+    argv = engine_argv(plan, python=python, model_path=model_path, host=host, port=server_port(plan, port, engine))
     env = engine_env(plan, all_gpus, outer_visible, engine if plan.routed else None, cores)
     if plan.split_across_nodes:
         argv += node_flags(plan, 0, master_addr, master_port)

@@ -15,7 +15,9 @@ import getpass
 import os
 import re
 import shutil
+import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from backend.runtime.process import group_processes
@@ -53,21 +55,46 @@ def record_owner(tmp: Path, pgid: int) -> None:
     (tmp / OWNER_FILE).write_text(str(pgid))
 
 
+@dataclass(frozen=True)
+class Orphan:
+    """An engine directory of this user's whose ``serve`` is gone, and the engine's process group
+    (None when the engine never started)."""
+
+    path: Path
+    serve_pid: int
+    pgid: int | None
+
+
+def orphans(base: Path) -> list[Orphan]:
+    """This user's engine directories in ``base`` whose ``serve`` is gone. Never through a link:
+    another user could point one at a live engine's directory."""
+    found = []
+    for path in sorted(base.glob(f"{PREFIX}*")):
+        serve_pid = path.name[len(PREFIX) :].split("-", 1)[0]
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or not serve_pid.isdigit():
+            continue
+        if alive(int(serve_pid)):
+            continue
+        try:
+            pgid: int | None = int((path / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            pgid = None
+        found.append(Orphan(path, int(serve_pid), pgid))
+    return found
+
+
 def remove_abandoned(base: Path) -> list[Path]:
     """Remove engine directories in ``base`` whose ``serve`` and engine process group are both gone."""
     removed = []
-    for path in base.glob(f"{PREFIX}*"):
-        serve_pid = path.name[len(PREFIX) :].split("-", 1)[0]
-        if path.is_symlink() or not serve_pid.isdigit() or alive(int(serve_pid)):
-            continue
-        try:
-            owner = int((path / OWNER_FILE).read_text())
-        except (OSError, ValueError):
-            owner = None
-        if owner is not None and group_processes(owner, live=True):
+    for orphan in orphans(base):
+        if orphan.pgid is not None and group_processes(orphan.pgid, live=True):
             continue  # an engine outliving its serve (killed with SIGKILL) still runs from here
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
+        shutil.rmtree(orphan.path, ignore_errors=True)
+        removed.append(orphan.path)
     return removed
 
 

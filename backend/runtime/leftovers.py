@@ -14,13 +14,11 @@ process group is alive, and a process of that group runs with that directory as 
 
 from __future__ import annotations
 
-import os
-import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from backend.runtime.engine_tmp import OWNER_FILE, PREFIX, alive, remove_abandoned
+from backend.runtime.engine_tmp import orphans, remove_abandoned
 from backend.runtime.process import group_processes, stop_group
 
 
@@ -32,21 +30,9 @@ class Leftover:
     serve_pid: int
 
 
-def find_leftovers(base: Path | None = None) -> list[Leftover]:
+def find_leftovers(base: Path) -> list[Leftover]:
     """Engines in ``base`` (the temporary directory) whose ``serve`` is gone and which still run there."""
-    found = []
-    for path in sorted((base or Path(tempfile.gettempdir())).glob(f"{PREFIX}*")):
-        serve_pid = path.name[len(PREFIX) :].split("-", 1)[0]
-        try:
-            info = path.lstat()  # not through a link: another user's link to a live engine's directory
-            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-                continue  # another user's engine is theirs to stop
-            pgid = int((path / OWNER_FILE).read_text())
-        except (OSError, ValueError):
-            continue
-        if serve_pid.isdigit() and not alive(int(serve_pid)) and runs_from(pgid, path):
-            found.append(Leftover(pgid, int(serve_pid)))
-    return found
+    return [Leftover(o.pgid, o.serve_pid) for o in orphans(base) if o.pgid is not None and runs_from(o.pgid, o.path)]
 
 
 def runs_from(pgid: int, tmp: Path) -> bool:
@@ -65,9 +51,10 @@ def runs_from(pgid: int, tmp: Path) -> bool:
 
 def stop_leftovers(base: Path | None = None, grace_s: float = 15.0) -> list[Leftover]:
     """Stop every engine a killed ``serve`` left running, then remove their directories."""
+    base = base or Path(tempfile.gettempdir())
     found = find_leftovers(base)
     for leftover in found:
         stop_group(leftover.pgid, grace_s)
     if found:
-        remove_abandoned(base or Path(tempfile.gettempdir()))
+        remove_abandoned(base)
     return found

@@ -47,9 +47,9 @@ from config.commands import (
     MASTER_PORT,
     engine_command,
     engine_env,
-    engine_port,
     plan_ports,
     router_metrics_port,
+    server_port,
 )
 from config.pipeline import Planned, plan_for
 from config.plan import Plan
@@ -248,8 +248,8 @@ class Server:
                 f"the chat page's port {self.page_port} is one the engines need ({needs}); "
                 f"choose {outside} or another --engine-port"
             )
-        host = self.settings.engine.host
-        held = [p for p in taken[1:] if self.node_rank == 0 and bind_problem(host, p) == IN_USE]
+        host = self.settings.engine.host  # engine.port itself was checked before planning
+        held = [p for p in taken[1:] if bind_problem(host, p) == IN_USE] if self.node_rank == 0 else []
         if held:
             raise PlanError(
                 f"port {held[0]} on {host}, one of the {len(taken)} from engine.port {taken[0]} the plan's "
@@ -274,7 +274,7 @@ class Server:
         outer = os.environ.get("CUDA_VISIBLE_DEVICES")
         out = []
         for i in range(plan.engine_count):
-            port = engine_port(e.port, i) if plan.routed else e.port
+            port = server_port(plan, e.port, i)
             if plan.split_across_nodes:  # node 0's part: the API server and the first stage
                 self.master_addr = self.master_addr or head_ip()
             argv, env = engine_command(
@@ -291,9 +291,9 @@ class Server:
                 master_addr=self.master_addr or HEAD_ADDRESS,
                 master_port=self.master_port,
             )
-            addr = env.get("VLLM_HOST_IP")
-            if addr and env.get("VLLM_CPU_OMP_THREADS_BIND") == "auto" and resolves_to_loopback(addr):
-                env["VLLM_CPU_OMP_THREADS_BIND"] = core_share(0, plan.nodes) or "auto"
+            auto_bind = env.get("VLLM_CPU_OMP_THREADS_BIND") == "auto"
+            if plan.split_across_nodes and auto_bind and resolves_to_loopback(env["VLLM_HOST_IP"]):
+                env["VLLM_CPU_OMP_THREADS_BIND"] = core_share(0, plan.nodes) or "auto"  # every stage on this machine
             if e.api_key:
                 env["VLLM_API_KEY"] = e.api_key
             if self.mps:
