@@ -247,6 +247,11 @@ async def on_chat_end() -> None:
     watcher.add_done_callback(_background.discard)
 
 
+@cl.on_stop
+async def on_stop() -> None:
+    internals.stop_missed_reply()
+
+
 @cl.on_message
 async def on_message(message: cl.Message) -> None:
     t0, text = time.perf_counter(), valid_text(message.content)

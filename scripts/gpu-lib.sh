@@ -22,12 +22,13 @@ warmth_probe() {  # run URL MODEL DIR --order O | summary DIR...: scripts/warmth
 }
 
 gpu_clean() {  # serve's engines run in their own session: a call's end does not reach them
-  pkill -INT -f "python3 -m backend (serve|up)" 2>/dev/null && sleep 6
+  pkill -u "$(id -u)" -INT -f "python3 -m backend (serve|up)" 2>/dev/null && sleep 6
   nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9 2>/dev/null
-  pkill -9 -f vllm_router.launch_router 2>/dev/null
-  pkill -9 -f "vllm.entrypoints.cli.main serve" 2>/dev/null
-  pkill -9 -f "^VLLM::|EngineCore" 2>/dev/null  # renamed children outlive a call cut at its limit (MPS clients
-  # are not in nvidia-smi's list): left on engine ports, they shared them with the next call's engines
+  pkill -u "$(id -u)" -9 -f vllm_router.launch_router 2>/dev/null
+  pkill -u "$(id -u)" -9 -f "vllm.entrypoints.cli.main serve" 2>/dev/null
+  # renamed children (vLLM's, the router's) outlive a call cut at its limit (MPS clients are not in
+  # nvidia-smi's list): left on engine ports, they shared them with the next call's engines
+  pkill -u "$(id -u)" -9 -f "^VLLM::|EngineCore|^vllm::router" 2>/dev/null
   sleep 2
 }
 

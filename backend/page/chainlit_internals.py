@@ -81,9 +81,39 @@ async def run_as_session_task(work: Callable[[], Coroutine[Any, Any, None]]) -> 
 
 
 def stop_reaches(task: asyncio.Task[Any]) -> None:
-    """Make ``task`` the one Stop cancels. Chainlit points Stop at the latest message's task, so a
-    message refused while a reply runs would otherwise leave that reply out of Stop's reach."""
-    cl.context.session.current_task = task
+    """Make ``task`` the one Stop cancels, and keep the Stop button shown while it runs.
+
+    Chainlit points Stop at the latest message's task, so a message refused while a reply runs would
+    otherwise leave that reply out of Stop's reach. And the refused message's handler ends with
+    Chainlit's ``task_end``, which hides the Stop button while the reply still runs: once that handler
+    is done, ``task_start`` shows it again (before the reply's own ``task_end``: both are sent in the
+    order they are called, and the reply is marked done before its ``task_end`` is called)."""
+    session = cl.context.session
+    session.current_task = task
+    handler, emitter = asyncio.current_task(), cl.context.emitter
+
+    async def show_stop_again() -> None:
+        if handler is not None:
+            await asyncio.wait([handler])
+        if getattr(session, ANSWERING, None) is task and not task.done():
+            await emitter.task_start()
+
+    shower = asyncio.create_task(show_stop_again())
+    _background.add(shower)
+    shower.add_done_callback(_background.discard)
+
+
+def stop_missed_reply() -> None:
+    """On Stop: cancel the running reply if Chainlit cancelled another task. A Stop that lands
+    between a refused message's arrival and its refusal reaches that message's task, not the reply."""
+    session = cl.context.session
+    running = answering()
+    if running is not None and running is not getattr(session, "current_task", None):
+        running.cancel()
+
+
+_background: set[asyncio.Task[None]] = set()
+"""Tasks nobody awaits, kept from the garbage collector until they finish."""
 
 
 ANSWERING = "erniechat_answering"

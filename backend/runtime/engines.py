@@ -7,7 +7,6 @@ API is up, ``/health`` answers and ``/v1/models`` lists the model.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +15,7 @@ import httpx
 
 from backend.engine_api import engine_url, headers, root_url
 from backend.errors import EngineStartError
-from backend.runtime.engine_tmp import engine_tmp_env, make_engine_tmp, record_owner
+from backend.runtime.child_tmp import OwnTmp, engine_tmp_env
 from backend.runtime.logwatch import LogState, Phase
 from backend.runtime.process import EngineProcess
 
@@ -58,12 +57,15 @@ class Engine:
         self.name = name
         self.argv, self.env, self.log_path, self.cwd = argv, env, log_path, cwd
         self.host, self.port = host, port
-        self.process = EngineProcess(argv, env, log_path, cwd=cwd)
+        self.process = self._process()
         self.log = LogState()
         self._offset = 0
         self.restarts = 0
-        self.tmp_dir: Path | None = None
-        """Its own temporary directory while it runs (``backend.runtime.engine_tmp``)."""
+
+    def _process(self) -> EngineProcess:
+        """Its process, from a temporary directory of its own while it runs (``child_tmp``)."""
+        own = OwnTmp(self.label, engine_tmp_env)
+        return EngineProcess(self.argv, self.env, self.log_path, cwd=self.cwd, own_tmp=own)
 
     @property
     def base_url(self) -> str:
@@ -78,15 +80,11 @@ class Engine:
         return self.process.pid
 
     def start(self) -> None:
-        """Start the process, its temporary files and sockets in a directory of its own."""
+        """Start a fresh process, its temporary files and sockets in a directory of its own."""
         self.log = LogState()
         self._offset = 0
-        self.tmp_dir = make_engine_tmp()
-        env = {**self.env, **engine_tmp_env(self.tmp_dir)}
-        self.process = EngineProcess(self.argv, env, self.log_path, cwd=self.cwd)
+        self.process = self._process()
         self.process.start()
-        if self.process.pid:
-            record_owner(self.tmp_dir, self.process.pid)
 
     def restart(self) -> None:
         """A fresh process with the same command line (after it died)."""
@@ -99,9 +97,6 @@ class Engine:
 
     def stop(self) -> None:
         self.process.stop()
-        if self.tmp_dir:
-            shutil.rmtree(self.tmp_dir, ignore_errors=True)
-            self.tmp_dir = None
 
     def tail(self, n: int = 8) -> str:
         return self.process.tail(n)

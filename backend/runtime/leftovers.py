@@ -1,43 +1,62 @@
-"""Engines a killed ``serve`` left running, stopped by the next start.
+"""Children a killed start left running (engines, the router, the chat page), stopped by the next.
 
-``serve`` runs each engine in a process group of its own and stops them on Ctrl-C or SIGTERM. A
-``serve`` killed with SIGKILL (a CI job's timeout, an OOM kill, a dropped session's cleanup) leaves
-them running, holding their port and, on a GPU, their memory. Nothing reaches them any more: no
-router, no status. vLLM's API servers bind with SO_REUSEPORT when there are several, so a new engine
-on the same port started beside the old one, and the kernel split the connections between them: on
-an H200 the new engine's warm-up went to a left-over engine whose GPU was gone, and hung (BENCHMARKS,
-"An engine left running by a killed serve").
+``serve`` and ``up`` run each child in a process group of its own and stop them on Ctrl-C or
+SIGTERM. One killed with SIGKILL (a CI job's timeout, an OOM kill, a dropped session's cleanup)
+leaves them running, holding their ports and, on a GPU, their memory. Nothing reaches them any more:
+no router, no status. vLLM's API servers bind with SO_REUSEPORT when there are several, so a new
+engine on the same port started beside the old one, and the kernel split the connections between
+them: on an H200 the new engine's warm-up went to a left-over engine whose GPU was gone, and hung
+(BENCHMARKS, "An engine left running by a killed serve"). A left-over router or page held its port,
+and the next start stopped at "port in use".
 
-Such an engine is known by its temporary directory (``engine_tmp``): its ``serve`` is gone, its
-process group is alive, and a process of that group runs with that directory as its ``TMPDIR``.
+Such a child is known by its temporary directory (``child_tmp``): its owner is gone, and its process
+group still runs: its leader is the process that started then, or (an older version's directory, or
+a leader gone before its group) a process of that group runs with that directory as its ``TMPDIR``.
+Either way a reused group id is never taken for the child. (``TMPDIR`` alone is not enough: the
+router, like any program that sets its process title, writes over its environment.)
 """
 
 from __future__ import annotations
 
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from backend.runtime.engine_tmp import orphans, remove_abandoned
-from backend.runtime.process import group_processes, stop_group
+from backend.runtime.child_tmp import Orphan, orphans, remove_abandoned
+from backend.runtime.groups import group_processes, start_time, stop_group
 
 
 @dataclass(frozen=True)
 class Leftover:
-    """An engine whose ``serve`` is gone: its process group and the pid of that ``serve``."""
+    """A child whose owner is gone: its process group, the pid of that owner, and what it is."""
 
     pgid: int
-    serve_pid: int
+    owner_pid: int
+    role: str
+
+    def stopped(self) -> str:
+        return f"stopped {self.role} left running by a killed start (pid {self.owner_pid}, process group {self.pgid})"
 
 
-def find_leftovers(base: Path) -> list[Leftover]:
-    """Engines in ``base`` (the temporary directory) whose ``serve`` is gone and which still run there."""
-    return [Leftover(o.pgid, o.serve_pid) for o in orphans(base) if o.pgid is not None and runs_from(o.pgid, o.path)]
+def find_leftovers(base: Path | None = None) -> list[Leftover]:
+    """Children in ``base`` (the temporary directory) whose owner is gone and which still run there."""
+    base = base or Path(tempfile.gettempdir())
+    return [Leftover(o.pgid, o.owner_pid, o.role) for o in orphans(base) if o.pgid is not None and still_runs(o)]
+
+
+def still_runs(orphan: Orphan) -> bool:
+    """Whether the orphan's child still runs (see the module's docstring for how it is told)."""
+    if orphan.pgid is None:
+        return False
+    now = start_time(orphan.pgid)
+    if orphan.started is not None and now is not None:  # its leader (perhaps a zombie) or a reused id's
+        return now == orphan.started and bool(group_processes(orphan.pgid, live=True))
+    return runs_from(orphan.pgid, orphan.path)
 
 
 def runs_from(pgid: int, tmp: Path) -> bool:
-    """True when a live process of group ``pgid`` has ``tmp`` as its ``TMPDIR``: that engine's own
-    directory, so a reused group id is never taken for an engine."""
+    """True when a live process of group ``pgid`` has ``tmp`` as its ``TMPDIR``."""
     wanted = b"TMPDIR=" + bytes(tmp)
     for pid in group_processes(pgid, live=True):
         try:
@@ -50,11 +69,11 @@ def runs_from(pgid: int, tmp: Path) -> bool:
 
 
 def stop_leftovers(base: Path | None = None, grace_s: float = 15.0) -> list[Leftover]:
-    """Stop every engine a killed ``serve`` left running, then remove their directories."""
+    """Stop every child a killed start left running, all at once, then remove their directories."""
     base = base or Path(tempfile.gettempdir())
     found = find_leftovers(base)
-    for leftover in found:
-        stop_group(leftover.pgid, grace_s)
     if found:
+        with ThreadPoolExecutor(max_workers=len(found)) as pool:
+            list(pool.map(lambda left: stop_group(left.pgid, grace_s), found))
         remove_abandoned(base)
     return found

@@ -36,6 +36,7 @@ from backend.runtime.cluster import (
     Refused,
 )
 from backend.runtime.engines import Engine
+from backend.runtime.leftovers import stop_leftovers
 from backend.runtime.node_identity import (
     core_share,
     ip_towards,
@@ -138,6 +139,8 @@ def run_node(
     link = HeadLink(head, node_rank)
     e = settings.engine
     try:
+        for left in stop_leftovers():  # a killed node's vLLM worker would hold its GPU and ports
+            say(f"node {node_rank}: {left.stopped()}")
         say(f"node {node_rank}: joining the head at {link.host}:{link.port}")
         hello = link.hello(e.start_timeout_s)
         if not 1 <= node_rank < hello.nnodes:

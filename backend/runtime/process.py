@@ -7,12 +7,13 @@ import os
 import signal
 import socket
 import subprocess
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
 from backend.errors import EngineStartError
+from backend.runtime.child_tmp import ChildTmp, OwnTmp
+from backend.runtime.groups import group_processes, stop_group
 
 
 def _raise_exit(signum: int, frame: FrameType | None) -> None:
@@ -65,7 +66,7 @@ def log_tail(path: Path, n: int = 8) -> str:
 
 
 class EngineProcess:
-    """One vLLM OpenAI-compatible server and its worker processes."""
+    """A child process group: a vLLM server and its workers, the router, the chat page."""
 
     def __init__(
         self,
@@ -74,23 +75,32 @@ class EngineProcess:
         log_path: Path,
         cwd: Path,
         base_env: Mapping[str, str] | None = None,
+        own_tmp: OwnTmp | None = None,
     ) -> None:
-        """``env`` goes on top of ``base_env`` (default: this process's environment)."""
+        """``env`` goes on top of ``base_env`` (default: this process's environment). ``own_tmp``:
+        run from a temporary directory of its own (``child_tmp``), removed when it is stopped, by
+        which a start after this process was killed finds the child and stops it."""
         self.argv = argv
         self.env = env
         self.base_env = base_env
         self.log_path = log_path
         self.cwd = cwd
+        self.own_tmp = own_tmp
+        self.tmp: ChildTmp | None = None
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.cwd.mkdir(parents=True, exist_ok=True)
+        env = {**(os.environ if self.base_env is None else self.base_env), **self.env}
+        if self.own_tmp:
+            self.tmp = ChildTmp.create(self.own_tmp.role)
+            env.update(self.own_tmp.env(self.tmp.path))
         log = open(self.log_path, "wb")  # noqa: SIM115 - the child owns it from here
         try:
             self.proc = subprocess.Popen(
                 self.argv,
-                env={**(os.environ if self.base_env is None else self.base_env), **self.env, "PYTHONUNBUFFERED": "1"},
+                env={**env, "PYTHONUNBUFFERED": "1"},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -98,12 +108,15 @@ class EngineProcess:
                 start_new_session=True,  # own process group: one signal reaches every worker
             )
         except FileNotFoundError as err:
+            self._remove_tmp()
             raise EngineStartError(
                 f"cannot run the engine's Python '{self.argv[0]}': {err.strerror}; "
                 "set engine.python (ERNIECHAT_ENGINE__PYTHON) or run the set-up script"
             ) from None
         finally:
             log.close()
+        if self.tmp:
+            self.tmp.record(self.proc.pid)
 
     @property
     def pid(self) -> int | None:
@@ -134,37 +147,12 @@ class EngineProcess:
 
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM to the whole group, then SIGKILL what is left after the grace period."""
-        if not self.proc:
-            return
-        stop_group(self.proc.pid, grace_s, self.proc.poll)
-        self.proc.poll()
+        if self.proc:
+            stop_group(self.proc.pid, grace_s, self.proc.poll)
+            self.proc.poll()
+        self._remove_tmp()
 
-
-def stop_group(pgid: int, grace_s: float = 15.0, reap: Callable[[], object] = lambda: None) -> None:
-    """SIGTERM to process group ``pgid``, then SIGKILL what is left after the grace period.
-    ``reap``: collect the leader's exit when it is our own child (else it stays a zombie)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            reap()
-            if not group_processes(pgid, live=True):
-                return
-            time.sleep(0.2)
-
-
-def group_processes(pgid: int, live: bool = False) -> list[int]:
-    """Pids in process group ``pgid`` (Linux /proc; empty elsewhere); ``live``: leaving out zombies,
-    which a group keeps until someone reaps them (init may not, in a container)."""
-    pids = []
-    for entry in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = entry.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if int(fields[2]) == pgid and not (live and fields[0] == "Z"):  # after the name: state, ppid, pgrp
-            pids.append(int(entry.parent.name))
-    return sorted(pids)
+    def _remove_tmp(self) -> None:
+        if self.tmp:
+            self.tmp.remove()
+            self.tmp = None

@@ -31,6 +31,7 @@ import httpx
 
 from backend.engine_api import SESSION_HEADER, local_host
 from backend.errors import EngineStartError
+from backend.runtime.child_tmp import OwnTmp
 from backend.runtime.process import EngineProcess, log_tail, port_in_use
 
 ROUTER_PACKAGE = "vllm-router"
@@ -186,7 +187,7 @@ class Router:
         self.config = config
         self.log_path = log_path
         self.argv = router_argv(config, python)
-        self.process = EngineProcess(self.argv, {}, log_path, cwd=cwd or log_path.parent)
+        self.process = EngineProcess(self.argv, {}, log_path, cwd=cwd or log_path.parent, own_tmp=OwnTmp("the router"))
 
     @property
     def url(self) -> str:

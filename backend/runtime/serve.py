@@ -32,7 +32,7 @@ from backend.errors import EngineStartError, ErniechatError, PlanError
 from backend.runtime.cluster import Head
 from backend.runtime.display import DEMO_BANNER, Display
 from backend.runtime.engines import ENGINE_CORE_TITLE, Engine, start_waves
-from backend.runtime.leftovers import stop_leftovers
+from backend.runtime.leftovers import find_leftovers, stop_leftovers
 from backend.runtime.logwatch import Phase
 from backend.runtime.mps import MpsDaemon
 from backend.runtime.node_identity import core_share, head_ip, model_fingerprint, resolves_to_loopback, vllm_version
@@ -134,8 +134,11 @@ class Server:
         """Resolve, plan, launch, wait for health, warm up. True when ready."""
         e = self.settings.engine
         self.update("starting", "resolving the model", 0.01)
-        for left in stop_leftovers():
-            self.say(f"stopped an engine left running by a killed serve (pid {left.serve_pid}, group {left.pgid})")
+        if leftovers := find_leftovers():
+            self.update(detail=f"stopping {len(leftovers)} process group(s) a killed start left running")
+            for left in stop_leftovers():
+                self.say(left.stopped())
+            self.update(detail="resolving the model")
         problem = bind_problem(e.host, e.port) if self.node_rank == 0 else None
         if problem == IN_USE:
             self.fail(

@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from backend.runtime.process import group_processes
+from backend.runtime.groups import alive
+from backend.runtime.leftovers import find_leftovers
 
 State = Literal["starting", "loading", "warming", "ready", "failed", "stopped"]
 STATUS_FILE = "status.json"
@@ -79,18 +80,6 @@ class EngineStatus(BaseModel):
     log_path: str = ""
 
 
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def write_status(run_dir: Path, status: EngineStatus) -> None:
     """Atomic replace, so a reader never sees half a file."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -115,11 +104,11 @@ def read_status(run_dir: Path) -> EngineStatus | None:
         where = ".".join(map(str, first["loc"]))
         why = f"unreadable status file {path}: {where + ': ' if where else ''}{first['msg']}"
         return EngineStatus(state="failed", detail=why, error=why)
-    if status.state in ("starting", "loading", "warming", "ready") and not _alive(status.pid):
+    if status.state in ("starting", "loading", "warming", "ready") and not alive(status.pid):
         status.state = "failed"
         engine = status.engine_pid
         still = ""
-        if engine and group_processes(engine, live=True):
+        if engine and engine in {left.pgid for left in find_leftovers()}:  # its own, not a reused group id
             still = f"; its engine (process group {engine}) still runs: the next start stops it, or kill -- -{engine}"
         status.error = status.error or f"the serve process is gone (killed or crashed){still}"
         status.detail = status.error

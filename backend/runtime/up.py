@@ -20,6 +20,8 @@ import httpx
 from backend.engine_api import local_host
 from backend.errors import ErniechatError
 from backend.page.auth import exposed_without_login
+from backend.runtime.child_tmp import OwnTmp
+from backend.runtime.leftovers import stop_leftovers
 from backend.runtime.process import IN_USE, EngineProcess, bind_problem
 from backend.runtime.serve import Server
 from config.settings import ENV_DELIMITER, ENV_PREFIX, ROOT, Settings
@@ -61,7 +63,7 @@ class ChatPage:
         argv = [sys.executable, "-m", "backend.page.launch", app, "--host", host, "--port", str(port)]
         argv += ["--workers", str(workers)] if workers > 1 else []
         # EngineProcess: the same own-process-group start and group stop as the engine's.
-        self.process = EngineProcess(argv, env, log_path, cwd=ROOT, base_env=base_env)
+        self.process = EngineProcess(argv, env, log_path, cwd=ROOT, base_env=base_env, own_tmp=OwnTmp("the chat page"))
 
     @classmethod
     def for_settings(cls, settings: Settings, workers: int = 1) -> ChatPage:
@@ -132,6 +134,8 @@ def run_up(settings: Settings) -> int:
     if why:
         print(f"error: {why}", file=sys.stderr)
         return 2
+    for left in stop_leftovers():  # a killed start's page would hold the page's port
+        print(left.stopped(), flush=True)
     problem = bind_problem(a.host, a.port)
     if problem == IN_USE:
         print(

@@ -37,6 +37,7 @@ from backend.page.history import TemplateCost, fit
 from backend.page.link import EngineLink, Target, prefill_s
 from backend.page.sampling import Sampling
 from backend.page.stream import stream_reply
+from backend.runtime.groups import group_processes
 from backend.runtime.process import free_port
 from backend.runtime.rundir import RunDir
 from backend.runtime.status import EngineStatus, WarmupRecord, read_status
@@ -347,6 +348,54 @@ def test_up_fails_fast_when_the_page_port_is_busy(tmp_path: Path) -> None:
     assert not (tmp_path / "status.json").exists(), "no engine may start"
 
 
+PAGE_STARTER = """
+import sys, time
+from pathlib import Path
+from backend.runtime.up import ChatPage
+page = ChatPage("127.0.0.1", int(sys.argv[1]), {}, Path(sys.argv[2]))
+page.start()
+print(page.wait_serving() or page.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_up_stops_the_page_a_killed_up_left_running(tmp_path: Path) -> None:
+    """An ``up`` killed with SIGKILL leaves its page running in its own process group, on the page's
+    port. The next ``up`` stops it and says so, where it used to stop at "port in use"."""
+    port = free_port()
+    env = backend_env(tmp_path / "run")
+    starter = subprocess.Popen(
+        [sys.executable, "-c", PAGE_STARTER, str(port), str(tmp_path / "page.log")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert starter.stdout
+    said = starter.stdout.readline().strip()
+    assert said.isdigit(), said
+    page = int(said)
+    try:
+        starter.kill()
+        starter.wait(30)
+        assert httpx.get(f"http://127.0.0.1:{port}/", timeout=10).status_code == 200, "the page went with it"
+        with socket.socket() as busy:  # the engine's port: the next up stops there, before any engine starts
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            engine_port = busy.getsockname()[1]
+            argv = ["up", "--model", "demo", "--port", str(port), "--engine-port", str(engine_port)]
+            up = BackendProcess(argv, env).start()
+            assert up.wait(120) == 1
+        out = up.output()
+        assert f"stopped the chat page left running by a killed start (pid {starter.pid}, process group {page})" in out
+        assert f"port {engine_port} on 127.0.0.1 is already in use" in out and f"port {port} " not in out, out
+        assert not group_processes(page, live=True)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(page, signal.SIGKILL)
+
+
 def test_up_serves_engine_and_page_then_ctrl_c_stops_everything(tmp_path: Path) -> None:
     app_port, engine_port = free_port(), free_port()
     argv = [
@@ -498,13 +547,18 @@ def test_stop_aborts_the_request_on_the_engine(chainlit_app: ChatPage, engine: E
             async with long_reply_held(tab, engine) as (mid, before):  # the reply cannot end meanwhile
                 assert open_streams(chainlit_app.process.pid or 0, engine.port) == 1
                 # a script (not the browser) can send again meanwhile: refused, and Stop still reaches the first
+                ends = tab.task_ends
                 second = await tab.send("And another one, at once.")
-                await tab.wait_for(lambda: second in tab.finished, 60)
+                await tab.wait_for(lambda: second in tab.finished and tab.task_ends > ends, 60)
                 refusal = tab.reply_to(second)
                 assert refusal and "A reply is still being written" in refusal["output"], tab.texts()
+                # the refused message's handler ended with a task_end, which hides Stop: shown again
+                await tab.wait_for(lambda: tab.stop_shown, 30)
+                ends = tab.task_ends
                 empty = await tab.send("  ")  # refused as empty; Stop must still reach the running reply
-                await tab.wait_for(lambda: empty in tab.finished, 60)
+                await tab.wait_for(lambda: empty in tab.finished and tab.task_ends > ends, 60)
                 assert "This message is empty" in (tab.reply_to(empty) or {}).get("output", ""), tab.texts()
+                await tab.wait_for(lambda: tab.stop_shown, 30)
                 assert open_streams(chainlit_app.process.pid or 0, engine.port) == 1
                 await tab.stop()
                 took = await asyncio.to_thread(wait_for_streams, chainlit_app.process.pid or 0, engine.port, 0)
@@ -517,6 +571,24 @@ def test_stop_aborts_the_request_on_the_engine(chainlit_app: ChatPage, engine: E
             # the tab is usable again at once
             await tab.set_settings(temperature=0.7, max_tokens=32)
             assert footer_of(await tab.ask("And now a short one."))[1] > 0
+
+    asyncio.run(run())
+
+
+def test_stop_sent_with_a_refused_message_still_stops_the_reply(chainlit_app: ChatPage, engine: Engine) -> None:
+    """A Stop that reaches the page before a message sent just before it is refused finds Chainlit
+    pointing Stop at that message's task, not at the running reply: the reply is stopped anyway."""
+
+    async def run() -> None:
+        async with ChatClient(chainlit_app.url) as tab:
+            async with long_reply_held(tab, engine) as (mid, before):
+                second = await tab.send("One more, and Stop at once.")
+                await tab.stop()
+                await asyncio.to_thread(wait_for_streams, chainlit_app.process.pid or 0, engine.port, 0)
+            await released_and_aborted(engine, chainlit_app, before)
+            await tab.wait_for(lambda: mid in tab.finished and not tab.stop_shown, 30)
+            assert "stopped · TTFT" in (tab.reply_to(mid) or {}).get("output", ""), tab.texts()
+            assert second not in tab.finished or "A reply is still being written" in str(tab.reply_to(second))
 
     asyncio.run(run())
 

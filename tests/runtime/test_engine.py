@@ -21,17 +21,19 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.leftover_children import children_started
 from support.services import ROOT, BackendProcess, Engine, backend_env, clear_settings_env
 
 from backend.engine_api import KINDS, ChatResult, chat, fetch_metrics, total
 from backend.errors import EngineStartError
 from backend.measure.prompts import prompt_of
-from backend.runtime import engine_tmp, leftovers, mps
+from backend.runtime import child_tmp, leftovers, mps
 from backend.runtime.display import Display
 from backend.runtime.engines import Engine as RuntimeEngine
 from backend.runtime.engines import start_waves
+from backend.runtime.groups import group_processes, start_time
 from backend.runtime.logwatch import FATALS, LogState
-from backend.runtime.process import IN_USE, bind_problem, free_port, group_processes
+from backend.runtime.process import IN_USE, bind_problem, free_port
 from backend.runtime.rundir import RunDir
 from backend.runtime.serve import ENGINE_CORE_TITLE, Server
 from backend.runtime.status import read_status
@@ -54,10 +56,10 @@ def tmp_dir_of(pid: int) -> Path:
     there, not in /tmp, and torch's compile cache where it always is."""
     env = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
     path = Path(env["TMPDIR"])
-    assert path.name.startswith(engine_tmp.PREFIX) and env["VLLM_RPC_BASE_PATH"] == str(path)
-    assert env["TORCHINDUCTOR_CACHE_DIR"] == engine_tmp.inductor_cache_dir()
+    assert path.name.startswith(child_tmp.PREFIX) and env["VLLM_RPC_BASE_PATH"] == str(path)
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == child_tmp.inductor_cache_dir()
     assert any(p.is_socket() for p in path.iterdir()) and any(path.glob("vllm_dist_*")), sorted(path.iterdir())
-    assert (path / engine_tmp.OWNER_FILE).read_text() == str(pid)
+    assert child_tmp.read_owner(path) == (pid, start_time(pid))
     return path
 
 
@@ -65,25 +67,41 @@ def test_a_directory_whose_serve_and_engine_are_gone_is_removed_and_no_other(tmp
     """What a serve killed with SIGKILL leaves is removed by the next engine start; not a live one's."""
     dead = subprocess.Popen(["true"], start_new_session=True)
     dead.wait()
-    gone = tmp_path / f"{engine_tmp.PREFIX}{dead.pid}-abc"
-    ours = tmp_path / f"{engine_tmp.PREFIX}{os.getpid()}-def"  # this process: alive
-    orphan = tmp_path / f"{engine_tmp.PREFIX}{dead.pid}-ghi"  # its serve is gone, its engine is not
+    gone = tmp_path / f"{child_tmp.PREFIX}{dead.pid}-abc"
+    ours = tmp_path / f"{child_tmp.PREFIX}{os.getpid()}-def"  # this process: alive
+    orphan = tmp_path / f"{child_tmp.PREFIX}{dead.pid}-ghi"  # its serve is gone, its engine is not
+    # its owner's pid means nothing here (another PID namespace sharing /tmp), but it holds the lock
+    elsewhere = tmp_path / f"{child_tmp.PREFIX}{dead.pid}-jkl"
     other = tmp_path / "erniechat-something-else"
-    for path in (gone, ours, orphan, other):
+    for path in (gone, ours, orphan, elsewhere, other):
         path.mkdir()
-    engine_tmp.record_owner(orphan, os.getpgid(0))
-    assert engine_tmp.remove_abandoned(tmp_path) == [gone]
-    assert not gone.exists() and ours.exists() and orphan.exists() and other.exists()
+    (orphan / child_tmp.OWNER_FILE).write_text(str(os.getpgid(0)))
+    hold = (
+        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
+        "print(1, flush=True); time.sleep(600)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(elsewhere)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout and holder.stdout.readline() == "1\n"
+        assert child_tmp.locked(elsewhere) and not child_tmp.locked(gone)
+        assert child_tmp.remove_abandoned(tmp_path) == [gone]
+        assert not gone.exists() and ours.exists() and orphan.exists() and elsewhere.exists() and other.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert child_tmp.remove_abandoned(tmp_path) == [elsewhere], "its owner is gone now"
 
 
-def test_only_an_engine_whose_serve_is_gone_is_stopped_as_a_leftover(tmp_path: Path) -> None:
-    """A group is stopped when its serve is dead and one of its processes runs from that directory
-    (TMPDIR), as an engine does; a group running from elsewhere (a reused group id), one whose serve
-    lives, and one reached through a link planted by someone else are left alone."""
+def test_only_a_child_whose_owner_is_gone_is_stopped_as_a_leftover(tmp_path: Path) -> None:
+    """A group is stopped when its owner is gone and it is that directory's child: its leader started
+    when recorded, or (an older version's record: the group only) one of its processes runs from
+    that directory (TMPDIR), as an engine does. Left alone: a group whose leader started at another
+    time or that runs from elsewhere (a reused group id), one whose owner lives, and one reached
+    through a link planted by someone else."""
     dead = subprocess.Popen(["true"], start_new_session=True)
     dead.wait()
-    dirs = {name: tmp_path / f"{engine_tmp.PREFIX}{serve}-{name}" for name, serve in
-            (("a", dead.pid), ("b", dead.pid), ("c", os.getpid()))}  # fmt: skip
+    dirs = {name: tmp_path / f"{child_tmp.PREFIX}{owner}-{name}" for name, owner in
+            (("a", dead.pid), ("b", dead.pid), ("c", os.getpid()), ("d", dead.pid), ("e", dead.pid))}  # fmt: skip
     for path in dirs.values():
         path.mkdir()
 
@@ -91,24 +109,61 @@ def test_only_an_engine_whose_serve_is_gone_is_stopped_as_a_leftover(tmp_path: P
         argv, env = [sys.executable, "-c", "import time; time.sleep(600)"], {**os.environ, "TMPDIR": str(tmp)}
         return subprocess.Popen(argv, start_new_session=True, env=env)
 
-    engine_like, other, kept = sleeper(dirs["a"]), sleeper(tmp_path), sleeper(dirs["c"])
+    procs = {"a": sleeper(dirs["a"]), "b": sleeper(tmp_path), "c": sleeper(dirs["c"])}
+    procs |= {"d": sleeper(dirs["d"]), "e": sleeper(tmp_path)}  # e: like the router, whose title hides TMPDIR
     try:
-        for name, proc in (("a", engine_like), ("b", other), ("c", kept)):
-            engine_tmp.record_owner(dirs[name], proc.pid)
-        (tmp_path / f"{engine_tmp.PREFIX}{dead.pid}-link").symlink_to(dirs["c"])  # to a live engine's
-        assert leftovers.find_leftovers(tmp_path) == [leftovers.Leftover(engine_like.pid, dead.pid)]
-        assert leftovers.stop_leftovers(tmp_path, grace_s=5) == [leftovers.Leftover(engine_like.pid, dead.pid)]
-        assert engine_like.wait(10) == -signal.SIGTERM
-        assert other.poll() is None and kept.poll() is None
+        for name, proc in procs.items():
+            (dirs[name] / child_tmp.OWNER_FILE).write_text(str(proc.pid))  # an older version's: the group only
+        started = start_time(procs["e"].pid)
+        assert started is not None
+        (dirs["d"] / child_tmp.OWNER_FILE).write_text(f"{procs['d'].pid} {started - 1}")
+        (dirs["e"] / child_tmp.OWNER_FILE).write_text(f"{procs['e'].pid} {started}")
+        assert child_tmp.read_owner(dirs["e"]) == (procs["e"].pid, started)
+        (tmp_path / f"{child_tmp.PREFIX}{dead.pid}-link").symlink_to(dirs["c"])  # to a live engine's
+        found = [leftovers.Leftover(procs[n].pid, dead.pid, child_tmp.UNKNOWN_ROLE) for n in "ae"]  # no role file
+        assert leftovers.find_leftovers(tmp_path) == found
+        assert leftovers.stop_leftovers(tmp_path, grace_s=5) == found
+        assert procs["a"].wait(10) == -signal.SIGTERM and procs["e"].wait(10) == -signal.SIGTERM
+        assert all(procs[n].poll() is None for n in "bcd")
         assert {p.name for p in tmp_path.iterdir()} == {
-            dirs["b"].name,  # its group lives: kept, though it is no engine of this directory
+            dirs["b"].name,  # its group lives: kept, though it is no child of this directory
             dirs["c"].name,
-            f"{engine_tmp.PREFIX}{dead.pid}-link",
+            dirs["d"].name,
+            f"{child_tmp.PREFIX}{dead.pid}-link",
         }
     finally:
-        for proc in (engine_like, other, kept):
+        for proc in procs.values():
             proc.kill()
             proc.wait()
+
+
+def test_the_children_of_a_killed_start_are_found_by_what_they_are_and_stopped_together(tmp_path: Path) -> None:
+    """A start killed with SIGKILL leaves its children (router, page, engines) running in their own
+    groups. While it lived, they were its own (it holds their directories' locks); once it is gone,
+    the next start finds each by its directory, names it, and stops them all at once: these ignore
+    SIGTERM, so one after another would take a whole grace period each."""
+    base = tmp_path / "tmp"
+    base.mkdir()
+    with children_started(tmp_path, base, ["the router", "the chat page"]) as (starter, (router, page)):
+        assert len(list(base.glob(f"{child_tmp.PREFIX}{starter.pid}-*"))) == 2
+        assert leftovers.find_leftovers(base) == [], "its owner lives: not left over"
+        starter.kill()
+        starter.wait(30)
+        assert not group_gone(router, timeout=1) and not group_gone(page, timeout=1), "they went with it"
+        found = sorted(leftovers.find_leftovers(base), key=lambda left: left.pgid)
+        assert found == [
+            leftovers.Leftover(router, starter.pid, "the router"),
+            leftovers.Leftover(page, starter.pid, "the chat page"),
+        ]
+        assert found[0].stopped() == (
+            f"stopped the router left running by a killed start (pid {starter.pid}, process group {router})"
+        )
+        grace = 5.0
+        assert sorted(leftovers.stop_leftovers(base, grace_s=grace), key=lambda left: left.pgid) == found
+        assert not group_processes(router, live=True) and not group_processes(page, live=True)
+        terms = [float((tmp_path / f"{i}.term").read_text()) for i in range(2)]
+        assert abs(terms[0] - terms[1]) < grace, f"stopped one after another: SIGTERMs {terms}"
+        assert list(base.iterdir()) == [], "their directories were left"
 
 
 def test_start_goes_through_the_states_and_prints_ready(engine: Engine) -> None:
@@ -477,7 +532,7 @@ def test_an_engine_a_killed_serve_left_running_is_stopped_by_the_next_start(engi
     assert meanwhile is not None and meanwhile.state == "failed"
     assert f"its engine (process group {old.engine_pid}) still runs: the next start stops it" in (meanwhile.error or "")
     engine.start()
-    said = f"stopped an engine left running by a killed serve (pid {serve.pid}, group {old.engine_pid})"
+    said = f"stopped the engine left running by a killed start (pid {serve.pid}, process group {old.engine_pid})"
     assert said in engine.process.output(), engine.process.output()[-2000:]
     assert group_gone(old.engine_pid, timeout=5) and not own.exists()
     new = read_status(engine.run_dir)

@@ -25,12 +25,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.leftover_children import children_started
 from support.ports import free_run
 from support.services import ENGINE_PYTHON, ROOT, BackendProcess, backend_env, run_backend
 from support.waiting import DEADLINE_S, group_gone, wait_until
 
 from backend.engine_api import ChatResult, chat, parse_metrics, total
 from backend.runtime.cluster import Head, JoinRequest
+from backend.runtime.groups import group_processes
 from backend.runtime.status import read_status
 from config.hardware import load_profile
 from config.model import read_model
@@ -239,6 +241,24 @@ def test_a_node_that_never_joins_times_out_naming_it_and_its_command(tmp_path: P
         assert not (nodes.head_dir / "engine.log").exists(), "vLLM must not start before every node joined"
     finally:
         nodes.stop_all()
+
+
+def test_a_node_stops_what_a_killed_node_left_running_first(tmp_path: Path) -> None:
+    """A node killed with SIGKILL leaves its vLLM worker running (own process group: on a GPU, holding
+    its memory). The node's next start stops it and says so, before it even reaches the head."""
+    base = tmp_path / "tmp"
+    base.mkdir()
+    with children_started(tmp_path, base, ["node 1's vLLM worker"]) as (starter, (worker,)):
+        starter.kill()
+        starter.wait(30)
+        env = backend_env(tmp_path / "node", TMPDIR=str(base), ERNIECHAT_ENGINE__START_TIMEOUT_S="2")
+        node = BackendProcess(["serve", "--node-rank", "1", "--head", f"127.0.0.1:{free_run(1)}"], env).start()
+        assert node.wait(DEADLINE_S) == 1
+        out = node.output()
+        stopped = f"node 1: stopped node 1's vLLM worker left running by a killed start (pid {starter.pid}, "
+        assert stopped + f"process group {worker})" in out, out
+        assert out.index(stopped) < out.index("did not answer within 2 s"), out
+        assert not group_processes(worker, live=True)
 
 
 @pytest.mark.parametrize("offset", [0, 1], ids=["master-port", "join-port"])

@@ -28,10 +28,12 @@ import httpx
 import pytest
 from support.ports import free_run
 from support.services import ROOT, BackendProcess, backend_env
-from support.waiting import DEADLINE_S, group_gone, wait_until
+from support.waiting import DEADLINE_S, wait_until
 
 from backend.engine_api import ChatResult, chat, parse_metrics, total
-from backend.runtime.process import EngineProcess, free_port, group_processes
+from backend.runtime import leftovers
+from backend.runtime.groups import group_processes
+from backend.runtime.process import EngineProcess, free_port
 from backend.runtime.router import SESSION_HEADER, Router, RouterConfig, RouterError, Worker
 from backend.runtime.status import read_status
 
@@ -264,8 +266,10 @@ def test_a_killed_engine_costs_at_most_the_reply_in_flight_and_rejoins(pair: Pai
     assert pair.serve.proc and pair.serve.proc.poll() is None, "serve kept serving"
 
 
-def test_ctrl_c_leaves_nothing_running(pair: Pair, tmp_path: Path) -> None:
-    """A process that started a router and is interrupted stops it with its whole group."""
+@pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
+def test_a_stopped_start_leaves_nothing_running(pair: Pair, tmp_path: Path, how: str) -> None:
+    """A process that started a router and is interrupted stops it with its whole group. One killed
+    with SIGKILL cannot: its router runs on, holding its ports, until the next start stops it."""
     workers = ", ".join(f"Worker({e.url!r}, name={e.name!r})" for e in pair.engines)
     script = (
         "import time\n"
@@ -292,15 +296,27 @@ def test_ctrl_c_leaves_nothing_running(pair: Pair, tmp_path: Path) -> None:
         text=True,
         start_new_session=True,
     )
+    router_pgid = 0
     try:
         assert child.stdout
         line = child.stdout.readline()
         assert line.startswith("routing "), line + child.stdout.read()
         router_pgid = int(line.split()[1])
         assert group_processes(router_pgid), "the router runs in its own process group"
-        child.send_signal(signal.SIGINT)
-        child.wait(DEADLINE_S)
-        wait_until("the router's process group is gone", lambda: group_gone(router_pgid), timeout=60)
+        if how == "ctrl-c":
+            child.send_signal(signal.SIGINT)
+            child.wait(DEADLINE_S)
+        else:
+            child.kill()
+            child.wait(DEADLINE_S)
+            assert group_processes(router_pgid, live=True), "the router went with its starter: nothing to test"
+            found = [left for left in leftovers.find_leftovers() if left.pgid == router_pgid]
+            assert found == [leftovers.Leftover(router_pgid, child.pid, "the router")]
+            assert router_pgid in {left.pgid for left in leftovers.stop_leftovers()}
+        # live: a group whose starter was killed waits for init to reap it (a container's may not)
+        wait_until("the router's process group is gone", lambda: not group_processes(router_pgid, live=True), 60)
     finally:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
+        if router_pgid and group_processes(router_pgid, live=True):
+            os.killpg(router_pgid, signal.SIGKILL)

@@ -147,6 +147,12 @@ class ChatClient:
     def texts(self) -> list[str]:
         return [m.get("output", "") for m in self.messages()]
 
+    @property
+    def stop_shown(self) -> bool:
+        """Whether the page shows its Stop button: the latest of ``task_start`` and ``task_end`` was a start."""
+        marks = [name for name, _ in self.events if name in ("task_start", "task_end")]
+        return bool(marks) and marks[-1] == "task_start"
+
     def reply_to(self, message_id: str) -> dict[str, Any] | None:
         """The latest reply to a sent message (a Retry answers it again)."""
         replies = [m for m in self.messages() if (m.get("metadata") or {}).get("in_reply_to") == message_id]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backend.runtime.process import free_port, group_processes
+from backend.runtime.groups import group_processes
+from backend.runtime.process import free_port
 from backend.runtime.up import ChatPage
 from support.services import ABANDONED_REPLY_S, backend_env
 

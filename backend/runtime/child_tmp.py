@@ -1,0 +1,176 @@
+"""Each child process group's own temporary directory (an engine's, the router's, the chat page's),
+locked by the process that started it for as long as that process lives.
+
+vLLM puts its ZeroMQ sockets (``VLLM_RPC_BASE_PATH``), its workers' rendezvous file
+(``vllm_dist_*``) and Prometheus's multiprocess files in the temporary directory and leaves them
+there: 7 socket files and one rendezvous file for each CPU engine start (3,090 and 428 after a day
+of this project's runs). With ``TMPDIR`` pointing at a directory of the engine's own, they go there,
+and stopping the engine removes it. Torch's compile cache keeps its usual place
+(``TORCHINDUCTOR_CACHE_DIR``), so restarts still reuse it.
+
+The directory also says whose child runs from it, so that a start killed with SIGKILL, whose children
+live on in their own process groups, can be cleaned up after by the next (``leftovers``). Its name is
+``erniechat-engine-<owner pid>-<random>`` (from when engines were the only children; kept, so that a
+start finds an older version's too). Its owner holds a ``flock`` on it: the lock goes when the owner
+goes, however it ends, and it tells the owner's life from any PID namespace (a container sharing
+/tmp, where the owner's pid means nothing) and through a reused pid. Inside: ``engine.pgid`` (the
+child's process group, once it runs) and ``role`` (how messages call the child).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import getpass
+import os
+import re
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backend.runtime.groups import alive, group_processes, start_time
+
+PREFIX = "erniechat-engine-"
+"""``erniechat-engine-<owner pid>-<random>``"""
+NEW_PREFIX = ".erniechat-new-"
+"""A directory's name until its owner holds its lock: no start sees it unlocked under ``PREFIX``."""
+OWNER_FILE = "engine.pgid"
+"""The child's process group and when its leader started (``groups.start_time``), written once it
+runs: a live child keeps its directory. An older version's holds the group only."""
+ROLE_FILE = "role"
+UNKNOWN_ROLE = "an engine"
+"""The role of a directory without ``ROLE_FILE`` (an older version's: engines only)."""
+
+
+def inductor_cache_dir() -> str:
+    """Torch Inductor's cache where it would be without our ``TMPDIR`` (torch's own default rule)."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
+def engine_tmp_env(tmp: Path) -> dict[str, str]:
+    """An engine's environment for ``tmp``: temporary files and sockets there, compile cache as usual."""
+    return {"TMPDIR": str(tmp), "VLLM_RPC_BASE_PATH": str(tmp), "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()}
+
+
+def tmpdir_env(tmp: Path) -> dict[str, str]:
+    """Any other child's environment for ``tmp``: its temporary files there."""
+    return {"TMPDIR": str(tmp)}
+
+
+@dataclass(frozen=True)
+class OwnTmp:
+    """What a child gets a directory of its own for: how messages call it, and its environment there."""
+
+    role: str
+    env: Callable[[Path], dict[str, str]] = field(default=tmpdir_env)
+
+
+class ChildTmp:
+    """One child's directory, locked by this process until :meth:`remove`."""
+
+    def __init__(self, path: Path, lock_fd: int) -> None:
+        self.path = path
+        self._lock_fd = lock_fd
+
+    @classmethod
+    def create(cls, role: str, base: Path | None = None) -> ChildTmp:
+        """A fresh directory, after removing those whose owners and children are gone. Made under a
+        hidden name, locked, then renamed: no other start can take it for an orphan meanwhile."""
+        base = base or Path(tempfile.gettempdir())
+        remove_abandoned(base)
+        new = Path(tempfile.mkdtemp(prefix=NEW_PREFIX, dir=base))
+        fd = os.open(new, os.O_RDONLY | os.O_DIRECTORY)  # not inherited: the child must not hold the lock
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        (new / ROLE_FILE).write_text(role)
+        path = base / f"{PREFIX}{os.getpid()}-{new.name[len(NEW_PREFIX) :]}"
+        os.rename(new, path)
+        return cls(path, fd)
+
+    def record(self, pgid: int) -> None:
+        (self.path / OWNER_FILE).write_text(f"{pgid} {start_time(pgid) or ''}".strip())
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+
+def locked(path: Path) -> bool:
+    """Whether a process holds ``path``'s lock (its owner, alive). Probing takes it for an instant."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A child's directory of this user's whose owner is gone, and the child's process group (None
+    when it never started)."""
+
+    path: Path
+    owner_pid: int
+    pgid: int | None
+    started: int | None
+    """When the group's leader started, if recorded."""
+    role: str
+
+
+def orphans(base: Path) -> list[Orphan]:
+    """This user's child directories in ``base`` whose owner is gone: nobody holds the lock and the
+    owner's pid is not alive (both: an older version's directory has no lock). Never through a link:
+    another user could point one at a live child's directory."""
+    found = []
+    for path in sorted(base.glob(f"{PREFIX}*")):
+        owner = path.name[len(PREFIX) :].split("-", 1)[0]
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or not owner.isdigit():
+            continue
+        if alive(int(owner)) or locked(path):
+            continue
+        pgid, started = read_owner(path)
+        try:
+            role = (path / ROLE_FILE).read_text().strip() or UNKNOWN_ROLE
+        except OSError:
+            role = UNKNOWN_ROLE
+        found.append(Orphan(path, int(owner), pgid, started, role))
+    return found
+
+
+def read_owner(path: Path) -> tuple[int | None, int | None]:
+    """The child's process group and its leader's start time, from ``path``'s ``OWNER_FILE``."""
+    try:
+        numbers = [int(word) for word in (path / OWNER_FILE).read_text().split()[:2]]
+    except (OSError, ValueError):
+        return None, None
+    return (numbers[0] if numbers else None), (numbers[1] if len(numbers) > 1 else None)
+
+
+def remove_abandoned(base: Path) -> list[Path]:
+    """Remove child directories in ``base`` whose owner and child process group are both gone."""
+    removed = []
+    for orphan in orphans(base):
+        if orphan.pgid is not None and group_processes(orphan.pgid, live=True):
+            continue  # a child outliving its owner (killed with SIGKILL) still runs from here
+        shutil.rmtree(orphan.path, ignore_errors=True)
+        removed.append(orphan.path)
+    return removed
