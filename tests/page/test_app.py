@@ -20,7 +20,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -168,9 +168,9 @@ def test_chat_settings_a_script_could_send_are_brought_into_range(tmp_path: Path
 
 
 def test_a_system_prompt_that_alone_does_not_fit_is_named() -> None:
-    kw = {"reply_tokens": 20, "window": 100, "template": TemplateCost(first=1000, per_message=0)}
+    kw: dict[str, Any] = {"reply_tokens": 20, "window": 100, "template": TemplateCost(first=1000, per_message=0)}
     with pytest.raises(TooLong) as refused:
-        asyncio.run(fit([], "hi", system_prompt="word " * 90, count=_word_counter([]), **kw))  # type: ignore[arg-type]
+        asyncio.run(fit([], "hi", system_prompt="word " * 90, count=_word_counter([]), **kw))
     said = str(refused.value)
     assert "The **system prompt** in the chat settings is too long: it needs **91 tokens**" in said
     assert "shorten the system prompt" in said and "Your message is too long" not in said
@@ -189,15 +189,21 @@ def test_fit_drops_oldest_turns_first_and_refuses_a_message_that_cannot_fit() ->
     count = _word_counter(calls)
     exact = TemplateCost(first=1000, per_message=0)  # a bound that never fits: every fit is counted
     history = [{"role": role, "content": f"{role[0]}{i} " * 9} for i in range(5) for role in ("user", "assistant")]
-    kw = {"system_prompt": "be brief", "reply_tokens": 20, "window": 100, "template": exact, "count": count}
-    fitted = asyncio.run(fit(history, "new question here", **kw))  # type: ignore[arg-type]
+    kw: dict[str, Any] = {
+        "system_prompt": "be brief",
+        "reply_tokens": 20,
+        "window": 100,
+        "template": exact,
+        "count": count,
+    }
+    fitted = asyncio.run(fit(history, "new question here", **kw))
     # limit 80: system 3 + new 4 + 20 a turn -> 3 turns fit, the 2 oldest go
     assert (fitted.kept_turns, fitted.dropped_turns, fitted.prompt_tokens, fitted.window) == (3, 2, 67, 100)
     assert fitted.counted and fitted.messages[0] == {"role": "system", "content": "be brief"}
     assert fitted.messages[1]["content"].startswith("u2 ") and fitted.messages[-1]["content"] == "new question here"
     assert len(calls) <= 5, "bisection, not one call per turn"
     with pytest.raises(TooLong) as refused:
-        asyncio.run(fit(history, "word " * 90, **kw))  # type: ignore[arg-type]
+        asyncio.run(fit(history, "word " * 90, **kw))
     assert (refused.value.tokens, refused.value.limit) == (94, 80)
     assert "5 turns" in str(refused.value) and not refused.value.retry
 
@@ -206,11 +212,17 @@ def test_fit_sends_without_counting_when_the_bound_fits() -> None:
     calls: list[int] = []
     template = TemplateCost(first=5, per_message=3)
     history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
-    kw = {"system_prompt": "", "reply_tokens": 20, "window": 100, "template": template, "count": _word_counter(calls)}
-    fitted = asyncio.run(fit(history, "how are you", **kw))  # type: ignore[arg-type]
+    kw: dict[str, Any] = {
+        "system_prompt": "",
+        "reply_tokens": 20,
+        "window": 100,
+        "template": template,
+        "count": _word_counter(calls),
+    }
+    fitted = asyncio.run(fit(history, "how are you", **kw))
     assert not calls and not fitted.counted and fitted.kept_turns == 1
     assert fitted.prompt_tokens == template.bound(fitted.messages) == 5 + 3 * 2 + 4 * 3 + len("hihellohow are you")
-    long = asyncio.run(fit(history, "x" * 80, **kw))  # type: ignore[arg-type]
+    long = asyncio.run(fit(history, "x" * 80, **kw))
     assert calls and long.counted, "a bound past the limit falls back to exact counts"
 
 
@@ -640,7 +652,7 @@ def test_a_tab_that_reconnects_in_time_keeps_its_reply(
         tab = await ChatClient(page.url).connect()
         pids = page_processes(page)
         async with long_reply_held(tab, engine) as (mid, before):
-            reply_id = tab.reply_to(mid)["id"]  # type: ignore[index]
+            reply_id = (tab.reply_to(mid) or {})["id"]
             await tab.close()
             again = await ChatClient(page.url, session_id=tab.session_id).connect(wait_start=False)
             streams = sum(open_streams(pid, engine.port) for pid in pids)

@@ -31,7 +31,7 @@ SECRET = "x" * 48
 
 
 def settings(**app: object) -> Settings:
-    return Settings(app=app)  # type: ignore[arg-type]
+    return Settings.model_validate({"app": app})
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 from support.leftover_children import children_started
-from support.services import ROOT, BackendProcess, Engine, backend_env, clear_settings_env
+from support.services import ROOT, BackendProcess, Engine, backend_env, clear_settings_env, status_of
 
 from backend.engine_api import KINDS, ChatResult, chat, fetch_metrics, total
 from backend.errors import EngineStartError
@@ -331,7 +331,7 @@ def test_second_start_on_busy_port_fails_clearly(engine: Engine, tmp_path: Path)
     assert f"port {engine.port} on 127.0.0.1 is already in use" in proc.output()
     status = read_status(tmp_path)
     assert status is not None and status.state == "failed"
-    assert read_status(engine.run_dir).state == "ready", "the running engine is untouched"  # type: ignore[union-attr]
+    assert status_of(engine.run_dir).state == "ready", "the running engine is untouched"
 
 
 @pytest.mark.parametrize(
@@ -542,10 +542,10 @@ def test_an_engine_a_killed_serve_left_running_is_stopped_by_the_next_start(engi
 @pytest.mark.destructive(order=99)
 def test_clean_shutdown_leaves_no_process(engine: Engine) -> None:
     """SIGTERM to serve stops every engine process; runs last, so nothing needs the engine after."""
-    pid = read_status(engine.run_dir).engine_pid  # type: ignore[union-attr]
+    pid = status_of(engine.run_dir).engine_pid
     assert pid
     own = tmp_dir_of(pid)
     assert engine.process.stop(signal.SIGTERM) == 128 + signal.SIGTERM
     assert group_gone(pid), "engine processes left after shutdown"
     assert not own.exists(), "the engine's socket and rendezvous files were left behind"
-    assert read_status(engine.run_dir).state == "stopped"  # type: ignore[union-attr]
+    assert status_of(engine.run_dir).state == "stopped"

