@@ -162,8 +162,10 @@ async def refused(text: str, reply_to: str) -> bool:
 
 async def answer(text: str, reply_to: str, t0: float) -> None:
     """Wait for the engine if it is starting, fit the history, stream the reply with its footer.
-    ``t0``: when the message reached the page; the footer's first-token time counts from it."""
-    internals.set_answering(asyncio.current_task())
+    ``t0``: when the message reached the page; the footer's first-token time counts from it. The chat
+    is marked as answering from here, unless its caller marked it already (Retry: its own task)."""
+    if internals.answering() is None:
+        internals.set_answering(asyncio.current_task())
     try:
         await answer_one(text, reply_to, t0)
     finally:
@@ -269,6 +271,10 @@ async def retry(action: cl.Action) -> None:
     if await refused(text, reply_to):  # the Retry stays, for once the running reply is done
         return
     internals.set_answering(asyncio.current_task())  # before any await: a message meanwhile is refused
-    await action.remove()
     t0 = time.perf_counter()
-    await internals.run_as_session_task(lambda: answer(text, reply_to, t0))
+
+    async def again() -> None:
+        await action.remove()
+        await answer(text, reply_to, t0)
+
+    await internals.run_as_session_task(again)

@@ -67,15 +67,16 @@ async def stop_when_abandoned(session: Any, task: asyncio.Task[Any], grace_s: fl
 
 
 async def run_as_session_task(work: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """Run ``work`` as the session's task, bracketed like a message handler, so Stop reaches it."""
+    """Run ``work`` as the session's task, bracketed like a message handler, so Stop reaches it. The
+    task exists before the first await: a Stop meanwhile cancels it, and ``task_end`` always follows."""
     ctx = cl.context
-    await ctx.emitter.task_start()
     task = asyncio.create_task(work())
     ctx.session.current_task = task
     try:
+        await ctx.emitter.task_start()
         await task
     except asyncio.CancelledError:
-        pass
+        task.cancel()  # this handler was cancelled (Stop reached it): so is the work
     finally:
         await ctx.emitter.task_end()
 

@@ -12,9 +12,12 @@ The directory also says whose child runs from it, so that a start killed with SI
 live on in their own process groups, can be cleaned up after by the next (``leftovers``). Its name is
 ``erniechat-engine-<owner pid>-<random>`` (from when engines were the only children; kept, so that a
 start finds an older version's too). Its owner holds a ``flock`` on it: the lock goes when the owner
-goes, however it ends, and it tells the owner's life from any PID namespace (a container sharing
-/tmp, where the owner's pid means nothing) and through a reused pid. Inside: ``engine.pgid`` (the
-child's process group, once it runs) and ``role`` (how messages call the child).
+goes, however it ends, and it tells the owner's life through a reused pid and from another PID
+namespace (a container sharing /tmp, where the owner's pid means nothing). Inside: ``role`` (how
+messages call the child) and ``pidns`` (the owner's PID namespace: a directory of another namespace's
+is left to that namespace's starts, which alone can see its child), both written before it gets its
+name, and ``engine.pgid`` (the child's process group, once it runs). An owner killed between starting
+its child and writing that leaves a directory the next start removes, and a child it cannot find.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import re
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,10 +40,13 @@ PREFIX = "erniechat-engine-"
 """``erniechat-engine-<owner pid>-<random>``"""
 NEW_PREFIX = ".erniechat-new-"
 """A directory's name until its owner holds its lock: no start sees it unlocked under ``PREFIX``."""
+NEW_ABANDONED_S = 60.0
+"""A ``NEW_PREFIX`` directory unlocked for this long lost its owner while being made: removed."""
 OWNER_FILE = "engine.pgid"
 """The child's process group and when its leader started (``groups.start_time``), written once it
 runs: a live child keeps its directory. An older version's holds the group only."""
 ROLE_FILE = "role"
+NS_FILE = "pidns"
 UNKNOWN_ROLE = "an engine"
 """The role of a directory without ``ROLE_FILE`` (an older version's: engines only)."""
 
@@ -87,11 +94,19 @@ class ChildTmp:
         base = base or Path(tempfile.gettempdir())
         remove_abandoned(base)
         new = Path(tempfile.mkdtemp(prefix=NEW_PREFIX, dir=base))
-        fd = os.open(new, os.O_RDONLY | os.O_DIRECTORY)  # not inherited: the child must not hold the lock
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        (new / ROLE_FILE).write_text(role)
-        path = base / f"{PREFIX}{os.getpid()}-{new.name[len(NEW_PREFIX) :]}"
-        os.rename(new, path)
+        fd = -1
+        try:
+            fd = os.open(new, os.O_RDONLY | os.O_DIRECTORY)  # not inherited: the child must not hold the lock
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            (new / ROLE_FILE).write_text(role)
+            (new / NS_FILE).write_text(pid_namespace())
+            path = base / f"{PREFIX}{os.getpid()}-{new.name[len(NEW_PREFIX) :]}"
+            os.rename(new, path)
+        except BaseException:
+            shutil.rmtree(new, ignore_errors=True)
+            if fd >= 0:
+                os.close(fd)
+            raise
         return cls(path, fd)
 
     def record(self, pgid: int) -> None:
@@ -102,6 +117,14 @@ class ChildTmp:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
+
+
+def pid_namespace() -> str:
+    """This process's PID namespace (Linux), or "" where it cannot be told."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
 
 
 def locked(path: Path) -> bool:
@@ -133,19 +156,23 @@ class Orphan:
 
 
 def orphans(base: Path) -> list[Orphan]:
-    """This user's child directories in ``base`` whose owner is gone: nobody holds the lock and the
-    owner's pid is not alive (both: an older version's directory has no lock). Never through a link:
-    another user could point one at a live child's directory."""
+    """This user's child directories in ``base`` whose owner is gone: nobody holds the lock (an older
+    version's directory, which has none: and its owner's pid is not alive). Left to their own: another
+    PID namespace's. Never through a link: another user could point one at a live child's directory."""
     found = []
+    here = pid_namespace()
     for path in sorted(base.glob(f"{PREFIX}*")):
         owner = path.name[len(PREFIX) :].split("-", 1)[0]
+        if not owned_directory(path) or not owner.isdigit():
+            continue
         try:
-            info = path.lstat()
+            theirs: str | None = (path / NS_FILE).read_text()
         except OSError:
+            theirs = None
+        if theirs is not None and theirs != here:
             continue
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or not owner.isdigit():
-            continue
-        if alive(int(owner)) or locked(path):
+        older = not (path / ROLE_FILE).exists()
+        if locked(path) or (older and alive(int(owner))):
             continue
         pgid, started = read_owner(path)
         try:
@@ -165,9 +192,27 @@ def read_owner(path: Path) -> tuple[int | None, int | None]:
     return (numbers[0] if numbers else None), (numbers[1] if len(numbers) > 1 else None)
 
 
+def owned_directory(path: Path) -> bool:
+    """A real directory (not a link to one) of this user's."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+
+
 def remove_abandoned(base: Path) -> list[Path]:
-    """Remove child directories in ``base`` whose owner and child process group are both gone."""
+    """Remove child directories in ``base`` whose owner and child process group are both gone, and
+    half-made ones whose owner died making them."""
     removed = []
+    for path in base.glob(f"{NEW_PREFIX}*"):
+        try:
+            stale = time.time() - path.lstat().st_mtime > NEW_ABANDONED_S
+        except OSError:
+            continue
+        if stale and owned_directory(path) and not locked(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
     for orphan in orphans(base):
         if orphan.pgid is not None and group_processes(orphan.pgid, live=True):
             continue  # a child outliving its owner (killed with SIGKILL) still runs from here

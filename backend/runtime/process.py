@@ -13,7 +13,7 @@ from types import FrameType
 
 from backend.errors import EngineStartError
 from backend.runtime.child_tmp import ChildTmp, OwnTmp
-from backend.runtime.groups import group_processes, stop_group
+from backend.runtime.groups import alive, group_processes, stop_group
 
 
 def _raise_exit(signum: int, frame: FrameType | None) -> None:
@@ -96,9 +96,18 @@ class EngineProcess:
         if self.own_tmp:
             self.tmp = ChildTmp.create(self.own_tmp.role)
             env.update(self.own_tmp.env(self.tmp.path))
+        try:
+            self.proc = self._spawn(env)
+        except BaseException:
+            self._remove_tmp()
+            raise
+        if self.tmp:
+            self.tmp.record(self.proc.pid)
+
+    def _spawn(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
         log = open(self.log_path, "wb")  # noqa: SIM115 - the child owns it from here
         try:
-            self.proc = subprocess.Popen(
+            return subprocess.Popen(
                 self.argv,
                 env={**env, "PYTHONUNBUFFERED": "1"},
                 stdout=log,
@@ -108,15 +117,12 @@ class EngineProcess:
                 start_new_session=True,  # own process group: one signal reaches every worker
             )
         except FileNotFoundError as err:
-            self._remove_tmp()
             raise EngineStartError(
                 f"cannot run the engine's Python '{self.argv[0]}': {err.strerror}; "
                 "set engine.python (ERNIECHAT_ENGINE__PYTHON) or run the set-up script"
             ) from None
         finally:
             log.close()
-        if self.tmp:
-            self.tmp.record(self.proc.pid)
 
     @property
     def pid(self) -> int | None:
@@ -146,8 +152,9 @@ class EngineProcess:
         return found
 
     def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM to the whole group, then SIGKILL what is left after the grace period."""
-        if self.proc:
+        """SIGTERM to the whole group, then SIGKILL what is left after the grace period. Once its
+        leader is reaped, its pid may be another process's: that one's group is left alone."""
+        if self.proc and (self.proc.returncode is None or not alive(self.proc.pid)):
             stop_group(self.proc.pid, grace_s, self.proc.poll)
             self.proc.poll()
         self._remove_tmp()

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from backend.runtime.engines import Engine as RuntimeEngine
 from backend.runtime.engines import start_waves
 from backend.runtime.groups import group_processes, start_time
 from backend.runtime.logwatch import FATALS, LogState
-from backend.runtime.process import IN_USE, bind_problem, free_port
+from backend.runtime.process import IN_USE, EngineProcess, bind_problem, free_port
 from backend.runtime.rundir import RunDir
 from backend.runtime.serve import ENGINE_CORE_TITLE, Server
 from backend.runtime.status import read_status
@@ -63,19 +64,30 @@ def tmp_dir_of(pid: int) -> Path:
     return path
 
 
-def test_a_directory_whose_serve_and_engine_are_gone_is_removed_and_no_other(tmp_path: Path) -> None:
-    """What a serve killed with SIGKILL leaves is removed by the next engine start; not a live one's."""
+def test_a_directory_whose_owner_and_child_are_gone_is_removed_and_no_other(tmp_path: Path) -> None:
+    """What a start killed with SIGKILL leaves is removed by the next child's start; not a live one's.
+    An owner is alive while it holds its directory's lock (an older version's, which has none: while
+    its pid is)."""
     dead = subprocess.Popen(["true"], start_new_session=True)
     dead.wait()
+    here = child_tmp.pid_namespace()
+    assert here.startswith("pid:["), here
     gone = tmp_path / f"{child_tmp.PREFIX}{dead.pid}-abc"
-    ours = tmp_path / f"{child_tmp.PREFIX}{os.getpid()}-def"  # this process: alive
-    orphan = tmp_path / f"{child_tmp.PREFIX}{dead.pid}-ghi"  # its serve is gone, its engine is not
+    ours = tmp_path / f"{child_tmp.PREFIX}{os.getpid()}-def"  # an older version's, of a live pid
+    orphan = tmp_path / f"{child_tmp.PREFIX}{dead.pid}-ghi"  # its owner is gone, its child is not
     # its owner's pid means nothing here (another PID namespace sharing /tmp), but it holds the lock
     elsewhere = tmp_path / f"{child_tmp.PREFIX}{dead.pid}-jkl"
+    reused = tmp_path / f"{child_tmp.PREFIX}{os.getpid()}-mno"  # unlocked: its owner's pid is another's now
+    theirs = tmp_path / f"{child_tmp.PREFIX}{dead.pid}-pqr"  # another namespace's: its child is not seen here
+    half, fresh = tmp_path / f"{child_tmp.NEW_PREFIX}stu", tmp_path / f"{child_tmp.NEW_PREFIX}vwx"
     other = tmp_path / "erniechat-something-else"
-    for path in (gone, ours, orphan, elsewhere, other):
+    for path in (gone, ours, orphan, elsewhere, reused, theirs, half, fresh, other):
         path.mkdir()
     (orphan / child_tmp.OWNER_FILE).write_text(str(os.getpgid(0)))
+    for path, namespace in ((reused, here), (theirs, "pid:[1]")):
+        (path / child_tmp.ROLE_FILE).write_text("the router")
+        (path / child_tmp.NS_FILE).write_text(namespace)
+    os.utime(half, (time.time() - 2 * child_tmp.NEW_ABANDONED_S,) * 2)  # its owner died making it
     hold = (
         "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
         "print(1, flush=True); time.sleep(600)"
@@ -84,12 +96,28 @@ def test_a_directory_whose_serve_and_engine_are_gone_is_removed_and_no_other(tmp
     try:
         assert holder.stdout and holder.stdout.readline() == "1\n"
         assert child_tmp.locked(elsewhere) and not child_tmp.locked(gone)
-        assert child_tmp.remove_abandoned(tmp_path) == [gone]
-        assert not gone.exists() and ours.exists() and orphan.exists() and elsewhere.exists() and other.exists()
+        assert sorted(child_tmp.remove_abandoned(tmp_path)) == sorted([gone, reused, half])
+        assert all(path.exists() for path in (ours, orphan, elsewhere, theirs, fresh, other))
     finally:
         holder.kill()
         holder.wait()
     assert child_tmp.remove_abandoned(tmp_path) == [elsewhere], "its owner is gone now"
+
+
+def test_a_child_that_cannot_start_leaves_no_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing program is named; it, or any other failure to start, leaves no directory behind."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    own = child_tmp.OwnTmp("the router")
+    missing = EngineProcess([str(tmp_path / "no-such-python")], {}, tmp_path / "a.log", tmp_path, own_tmp=own)
+    with pytest.raises(EngineStartError, match=r"cannot run the engine's Python '.*no-such-python': No such file"):
+        missing.start()
+    (tmp_path / "logs").mkdir()
+    no_log = EngineProcess([sys.executable, "-c", "pass"], {}, tmp_path / "logs", tmp_path, own_tmp=own)
+    with pytest.raises(IsADirectoryError):  # its log cannot be opened
+        no_log.start()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.log", "logs"]
+    missing.stop()  # stopping one that never started is harmless
+    assert missing.tmp is None
 
 
 def test_only_a_child_whose_owner_is_gone_is_stopped_as_a_leftover(tmp_path: Path) -> None:
@@ -114,11 +142,10 @@ def test_only_a_child_whose_owner_is_gone_is_stopped_as_a_leftover(tmp_path: Pat
     try:
         for name, proc in procs.items():
             (dirs[name] / child_tmp.OWNER_FILE).write_text(str(proc.pid))  # an older version's: the group only
-        started = start_time(procs["e"].pid)
-        assert started is not None
-        (dirs["d"] / child_tmp.OWNER_FILE).write_text(f"{procs['d'].pid} {started - 1}")
-        (dirs["e"] / child_tmp.OWNER_FILE).write_text(f"{procs['e'].pid} {started}")
-        assert child_tmp.read_owner(dirs["e"]) == (procs["e"].pid, started)
+        started = {n: start_time(procs[n].pid) or 0 for n in "de"}
+        (dirs["d"] / child_tmp.OWNER_FILE).write_text(f"{procs['d'].pid} {started['d'] - 1}")  # another's
+        (dirs["e"] / child_tmp.OWNER_FILE).write_text(f"{procs['e'].pid} {started['e']}")
+        assert child_tmp.read_owner(dirs["e"]) == (procs["e"].pid, started["e"]) and started["e"] > 0
         (tmp_path / f"{child_tmp.PREFIX}{dead.pid}-link").symlink_to(dirs["c"])  # to a live engine's
         found = [leftovers.Leftover(procs[n].pid, dead.pid, child_tmp.UNKNOWN_ROLE) for n in "ae"]  # no role file
         assert leftovers.find_leftovers(tmp_path) == found
