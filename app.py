@@ -162,10 +162,8 @@ async def refused(text: str, reply_to: str) -> bool:
 
 async def answer(text: str, reply_to: str, t0: float) -> None:
     """Wait for the engine if it is starting, fit the history, stream the reply with its footer.
-    ``t0``: when the message reached the page; the footer's first-token time counts from it. The chat
-    is marked as answering from here, unless its caller marked it already (Retry: its own task)."""
-    if internals.answering() is None:
-        internals.set_answering(asyncio.current_task())
+    ``t0``: when the message reached the page; the footer's first-token time counts from it."""
+    internals.set_answering(asyncio.current_task())
     try:
         await answer_one(text, reply_to, t0)
     finally:
@@ -274,6 +272,7 @@ async def retry(action: cl.Action) -> None:
     t0 = time.perf_counter()
 
     async def again() -> None:
+        internals.set_answering(asyncio.current_task())  # the reply's own task, which Stop cancels
         await action.remove()
         await answer(text, reply_to, t0)
 

@@ -87,8 +87,9 @@ def stop_reaches(task: asyncio.Task[Any]) -> None:
     Chainlit points Stop at the latest message's task, so a message refused while a reply runs would
     otherwise leave that reply out of Stop's reach. And the refused message's handler ends with
     Chainlit's ``task_end``, which hides the Stop button while the reply still runs: once that handler
-    is done, ``task_start`` shows it again (before the reply's own ``task_end``: both are sent in the
-    order they are called, and the reply is marked done before its ``task_end`` is called)."""
+    is done, ``task_start`` shows it again if a reply is still being written (before that reply's own
+    ``task_end``: both are sent in the order they are called, and a reply's mark is cleared before its
+    ``task_end`` is called)."""
     session = cl.context.session
     session.current_task = task
     handler, emitter = asyncio.current_task(), cl.context.emitter
@@ -96,7 +97,8 @@ def stop_reaches(task: asyncio.Task[Any]) -> None:
     async def show_stop_again() -> None:
         if handler is not None:
             await asyncio.wait([handler])
-        if getattr(session, ANSWERING, None) is task and not task.done():
+        running: asyncio.Task[Any] | None = getattr(session, ANSWERING, None)
+        if running is not None and not running.done():
             await emitter.task_start()
 
     shower = asyncio.create_task(show_stop_again())
