@@ -77,7 +77,10 @@ async def run_as_session_task(work: Callable[[], Coroutine[Any, Any, None]]) -> 
         await task
     except asyncio.CancelledError:
         task.cancel()  # this handler was cancelled (Stop reached it): so is the work
+        await asyncio.wait([task])  # its clean-up (a stopped reply's footer) before task_end
     finally:
+        if getattr(ctx.session, ANSWERING, None) in (task, asyncio.current_task()):
+            set_answering(None)  # before task_end: a Stop button shown again after it would stay
         await ctx.emitter.task_end()
 
 

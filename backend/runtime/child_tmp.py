@@ -22,6 +22,7 @@ its child and writing that leaves a directory the next start removes, and a chil
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import getpass
 import os
@@ -42,6 +43,9 @@ NEW_PREFIX = ".erniechat-new-"
 """A directory's name until its owner holds its lock: no start sees it unlocked under ``PREFIX``."""
 NEW_ABANDONED_S = 60.0
 """A ``NEW_PREFIX`` directory unlocked for this long lost its owner while being made: removed."""
+FOREIGN_ABANDONED_S = 86400.0
+"""Another PID namespace's directory unlocked and untouched for this long: that namespace (a container
+sharing /tmp) is most likely gone with its processes, and no start will ever match it: removed."""
 OWNER_FILE = "engine.pgid"
 """The child's process group and when its leader started (``groups.start_time``), written once it
 runs: a live child keeps its directory. An older version's holds the group only."""
@@ -127,19 +131,27 @@ def pid_namespace() -> str:
         return ""
 
 
-def locked(path: Path) -> bool:
-    """Whether a process holds ``path``'s lock (its owner, alive). Probing takes it for an instant."""
+def locked(path: Path, tries: int = 3) -> bool:
+    """Whether a process holds ``path``'s lock (its owner, alive). Probing takes it for an instant, so
+    a lock found held is tried again: another start probing at the same moment lets go at once, an
+    owner never. Fails safe: a directory that cannot be opened, but is there, counts as locked."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         return False
+    except OSError as err:
+        return err.errno != errno.ELOOP  # a link is no directory of ours; anything else: cannot tell
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        for attempt in range(tries):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return False
+            except BlockingIOError:
+                if attempt < tries - 1:
+                    time.sleep(0.01)
         return True
     finally:
         os.close(fd)
-    return False
 
 
 @dataclass(frozen=True)
@@ -167,8 +179,10 @@ def orphans(base: Path) -> list[Orphan]:
             continue
         try:
             theirs: str | None = (path / NS_FILE).read_text()
+        except FileNotFoundError:
+            theirs = None  # an older version's
         except OSError:
-            theirs = None
+            continue  # cannot tell whose
         if theirs is not None and theirs != here:
             continue
         older = not (path / ROLE_FILE).exists()
@@ -202,15 +216,18 @@ def owned_directory(path: Path) -> bool:
 
 
 def remove_abandoned(base: Path) -> list[Path]:
-    """Remove child directories in ``base`` whose owner and child process group are both gone, and
-    half-made ones whose owner died making them."""
+    """Remove child directories in ``base`` whose owner and child process group are both gone, half-made
+    ones whose owner died making them, and another PID namespace's unlocked for a day."""
     removed = []
-    for path in base.glob(f"{NEW_PREFIX}*"):
+    here = pid_namespace()
+    for path in [*base.glob(f"{NEW_PREFIX}*"), *base.glob(f"{PREFIX}*")]:
         try:
-            stale = time.time() - path.lstat().st_mtime > NEW_ABANDONED_S
+            age = time.time() - path.lstat().st_mtime
+            foreign = path.name.startswith(PREFIX) and (path / NS_FILE).read_text() != here
         except OSError:
-            continue
-        if stale and owned_directory(path) and not locked(path):
+            continue  # gone meanwhile, or an older version's (no namespace): judged below
+        limit = FOREIGN_ABANDONED_S if foreign else NEW_ABANDONED_S if path.name.startswith(NEW_PREFIX) else None
+        if limit is not None and age > limit and owned_directory(path) and not locked(path):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     for orphan in orphans(base):

@@ -95,8 +95,9 @@ class EngineProcess:
         env = {**(os.environ if self.base_env is None else self.base_env), **self.env}
         if self.own_tmp:
             self.tmp = ChildTmp.create(self.own_tmp.role)
-            env.update(self.own_tmp.env(self.tmp.path))
         try:
+            if self.own_tmp and self.tmp:
+                env.update(self.own_tmp.env(self.tmp.path))
             self.proc = self._spawn(env)
         except BaseException:
             self._remove_tmp()

@@ -80,28 +80,34 @@ def test_a_directory_whose_owner_and_child_are_gone_is_removed_and_no_other(tmp_
     reused = tmp_path / f"{child_tmp.PREFIX}{os.getpid()}-mno"  # unlocked: its owner's pid is another's now
     theirs = tmp_path / f"{child_tmp.PREFIX}{dead.pid}-pqr"  # another namespace's: its child is not seen here
     half, fresh = tmp_path / f"{child_tmp.NEW_PREFIX}stu", tmp_path / f"{child_tmp.NEW_PREFIX}vwx"
+    making = tmp_path / f"{child_tmp.NEW_PREFIX}yz0"  # old, but locked: its owner is still making it
+    long_gone = tmp_path / f"{child_tmp.PREFIX}{dead.pid}-yz1"  # another namespace's, untouched for days
     other = tmp_path / "erniechat-something-else"
-    for path in (gone, ours, orphan, elsewhere, reused, theirs, half, fresh, other):
+    for path in (gone, ours, orphan, elsewhere, reused, theirs, half, fresh, making, long_gone, other):
         path.mkdir()
     (orphan / child_tmp.OWNER_FILE).write_text(str(os.getpgid(0)))
-    for path, namespace in ((reused, here), (theirs, "pid:[1]")):
+    for path, namespace in ((reused, here), (theirs, "pid:[1]"), (long_gone, "pid:[1]")):
         (path / child_tmp.ROLE_FILE).write_text("the router")
         (path / child_tmp.NS_FILE).write_text(namespace)
-    os.utime(half, (time.time() - 2 * child_tmp.NEW_ABANDONED_S,) * 2)  # its owner died making it
+    for path, age in ((half, child_tmp.NEW_ABANDONED_S), (making, child_tmp.NEW_ABANDONED_S)):
+        os.utime(path, (time.time() - 2 * age,) * 2)
+    os.utime(long_gone, (time.time() - 2 * child_tmp.FOREIGN_ABANDONED_S,) * 2)
     hold = (
         "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
         "print(1, flush=True); time.sleep(600)"
     )
-    holder = subprocess.Popen([sys.executable, "-c", hold, str(elsewhere)], stdout=subprocess.PIPE, text=True)
+    holders = [subprocess.Popen([sys.executable, "-c", hold, str(p)], stdout=subprocess.PIPE, text=True)
+               for p in (elsewhere, making)]  # fmt: skip
     try:
-        assert holder.stdout and holder.stdout.readline() == "1\n"
+        assert all(h.stdout and h.stdout.readline() == "1\n" for h in holders)
         assert child_tmp.locked(elsewhere) and not child_tmp.locked(gone)
-        assert sorted(child_tmp.remove_abandoned(tmp_path)) == sorted([gone, reused, half])
-        assert all(path.exists() for path in (ours, orphan, elsewhere, theirs, fresh, other))
+        assert sorted(child_tmp.remove_abandoned(tmp_path)) == sorted([gone, reused, half, long_gone])
+        assert all(path.exists() for path in (ours, orphan, elsewhere, theirs, fresh, making, other))
     finally:
-        holder.kill()
-        holder.wait()
-    assert child_tmp.remove_abandoned(tmp_path) == [elsewhere], "its owner is gone now"
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+    assert sorted(child_tmp.remove_abandoned(tmp_path)) == sorted([elsewhere, making]), "their owners are gone now"
 
 
 def test_a_child_that_cannot_start_leaves_no_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
