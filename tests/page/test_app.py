@@ -514,16 +514,22 @@ def test_page_shows_live_plan_and_socket_settings(chainlit_app: ChatPage, engine
     assert '"pingInterval":10000' in open_packet and '"pingTimeout":10000' in open_packet, open_packet
 
 
+LONG_STORY = "Tell me a very long story."  # fixed: its greedy reply is visible text (see above)
+
+
 @asynccontextmanager
-async def long_reply_held(tab: ChatClient, engine: Engine) -> AsyncIterator[tuple[str, dict[str, float]]]:
+async def long_reply_held(
+    tab: ChatClient, engine: Engine, ask: Callable[[], Awaitable[str]] | None = None
+) -> AsyncIterator[tuple[str, dict[str, float]]]:
     """Ask for a 4,000-token reply (greedy on the demo weights: it runs to the end) and yield once
     the page shows it streaming, with the engine held; with the engine's counters from before.
     Until the tab has 5 tokens the engine runs only in steps of 20 ms: however long a busy machine
-    delays the page, the reply cannot end before the test holds it."""
+    delays the page, the reply cannot end before the test holds it. ``ask``: how the story is asked
+    for (default: sent as a message); returns the id its reply answers."""
     await tab.set_settings(temperature=0.0, max_tokens=4000)
     before = await engine_counts(engine.base_url)
     with held(engine.run_dir) as hold:
-        mid = await tab.send("Tell me a very long story.")  # fixed: its greedy reply is visible text (see above)
+        mid = await (ask or (lambda: tab.send(LONG_STORY)))()
 
         def streaming() -> bool:
             reply = tab.reply_to(mid)
@@ -601,6 +607,32 @@ def test_stop_sent_with_a_refused_message_still_stops_the_reply(chainlit_app: Ch
             await tab.wait_for(lambda: mid in tab.finished and not tab.stop_shown, 30)
             assert "stopped · TTFT" in (tab.reply_to(mid) or {}).get("output", ""), tab.texts()
             assert second not in tab.finished or "A reply is still being written" in str(tab.reply_to(second))
+
+    asyncio.run(run())
+
+
+def test_stop_reaches_a_reply_that_retry_sent_again(chainlit_app: ChatPage, engine: Engine) -> None:
+    """Retry runs its reply as the session's task: Stop ends it on the engine, its footer says so, the
+    Stop button goes once it has ended, and the click's own request ends well."""
+
+    async def run() -> None:
+        async with ChatClient(chainlit_app.url) as tab:
+            clicked: list[asyncio.Task[httpx.Response]] = []
+
+            async def retry() -> str:
+                payload = {"text": LONG_STORY, "reply_to": "an-earlier-message"}
+                action = {"name": "retry", "id": str(uuid.uuid4()), "forId": "an-earlier-message", "payload": payload}
+                clicked.append(asyncio.create_task(tab.post_action(action)))
+                return "an-earlier-message"
+
+            async with long_reply_held(tab, engine, retry) as (mid, before):
+                assert tab.stop_shown
+                await tab.stop()
+                await asyncio.to_thread(wait_for_streams, chainlit_app.process.pid or 0, engine.port, 0)
+            await released_and_aborted(engine, chainlit_app, before)
+            assert (await clicked[0]).status_code == 200
+            await tab.wait_for(lambda: "stopped · TTFT" in (tab.reply_to(mid) or {}).get("output", ""), 30)
+            await tab.wait_for(lambda: not tab.stop_shown, 30)
 
     asyncio.run(run())
 
