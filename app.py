@@ -41,7 +41,6 @@ STARTERS = [
     ("Plan a trip", "Plan a relaxed two-day trip to Kyoto with one museum a day."),
     ("Python help", "Show a Python function that removes duplicates from a list but keeps their order."),
 ]
-_background: set[asyncio.Task] = set()
 
 
 def refresh_page() -> None:
@@ -64,8 +63,7 @@ async def keep_page_fresh() -> None:
 
 @cl.on_app_startup
 async def startup() -> None:
-    task = asyncio.create_task(keep_page_fresh())
-    _background.add(task)
+    internals.in_background(keep_page_fresh())
 
 
 try:
@@ -242,9 +240,7 @@ async def on_chat_end() -> None:
     running = internals.running_reply()
     if running is None:
         return
-    watcher = asyncio.create_task(internals.stop_when_abandoned(*running, settings.app.abandoned_reply_s))
-    _background.add(watcher)
-    watcher.add_done_callback(_background.discard)
+    internals.in_background(internals.stop_when_abandoned(*running, settings.app.abandoned_reply_s))
 
 
 @cl.on_stop

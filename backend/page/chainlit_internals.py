@@ -104,9 +104,7 @@ def stop_reaches(task: asyncio.Task[Any]) -> None:
         if running is not None and not running.done():
             await emitter.task_start()
 
-    shower = asyncio.create_task(show_stop_again())
-    _background.add(shower)
-    shower.add_done_callback(_background.discard)
+    in_background(show_stop_again())
 
 
 def stop_missed_reply() -> None:
@@ -118,8 +116,16 @@ def stop_missed_reply() -> None:
         running.cancel()
 
 
-_background: set[asyncio.Task[None]] = set()
+_background: set[asyncio.Task[Any]] = set()
 """Tasks nobody awaits, kept from the garbage collector until they finish."""
+
+
+def in_background(work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    """Run ``work`` as a task nobody awaits (the event loop holds only a weak reference to it)."""
+    task = asyncio.create_task(work)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    return task
 
 
 ANSWERING = "erniechat_answering"

@@ -185,15 +185,16 @@ def orphans(base: Path) -> list[Orphan]:
             continue  # cannot tell whose
         if theirs is not None and theirs != here:
             continue
-        older = not (path / ROLE_FILE).exists()
-        if locked(path) or (older and alive(int(owner))):
+        try:
+            role: str | None = (path / ROLE_FILE).read_text().strip()
+        except FileNotFoundError:
+            role = None  # an older version's: no lock either
+        except OSError:
+            role = ""
+        if locked(path) or (role is None and alive(int(owner))):
             continue
         pgid, started = read_owner(path)
-        try:
-            role = (path / ROLE_FILE).read_text().strip() or UNKNOWN_ROLE
-        except OSError:
-            role = UNKNOWN_ROLE
-        found.append(Orphan(path, int(owner), pgid, started, role))
+        found.append(Orphan(path, int(owner), pgid, started, role or UNKNOWN_ROLE))
     return found
 
 

@@ -13,11 +13,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+def _stat(path: Path) -> list[str]:
+    """A /proc/PID/stat's fields after the process name (which may hold spaces and parentheses):
+    state, ppid, pgrp, ... (``man 5 proc``: fields 3 onwards)."""
+    return path.read_text().rsplit(")", 1)[1].split()
+
+
 def start_time(pid: int) -> int | None:
     """When process ``pid`` started (clock ticks after boot): with the pid, it names one process for
     good, where a pid alone may be reused. None when there is no such process."""
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        return int(_stat(Path(f"/proc/{pid}/stat"))[19])
     except (OSError, IndexError, ValueError):
         return None
 
@@ -28,7 +34,7 @@ def group_processes(pgid: int, live: bool = False) -> list[int]:
     pids = []
     for entry in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = entry.read_text().rsplit(")", 1)[1].split()
+            fields = _stat(entry)
         except (FileNotFoundError, ProcessLookupError, IndexError):
             continue
         if int(fields[2]) == pgid and not (live and fields[0] == "Z"):  # after the name: state, ppid, pgrp

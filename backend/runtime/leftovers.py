@@ -68,10 +68,13 @@ def runs_from(pgid: int, tmp: Path) -> bool:
     return False
 
 
-def stop_leftovers(base: Path | None = None, grace_s: float = 15.0) -> list[Leftover]:
-    """Stop every child a killed start left running, all at once, then remove their directories."""
+def stop_leftovers(
+    base: Path | None = None, grace_s: float = 15.0, found: list[Leftover] | None = None
+) -> list[Leftover]:
+    """Stop every child a killed start left running (``found``: as :func:`find_leftovers` just found
+    them), all at once, then remove their directories."""
     base = base or Path(tempfile.gettempdir())
-    found = find_leftovers(base)
+    found = find_leftovers(base) if found is None else found
     if found:
         with ThreadPoolExecutor(max_workers=len(found)) as pool:
             list(pool.map(lambda left: stop_group(left.pgid, grace_s), found))

@@ -136,7 +136,7 @@ class Server:
         self.update("starting", "resolving the model", 0.01)
         if leftovers := find_leftovers():
             self.update(detail=f"stopping {len(leftovers)} process group(s) a killed start left running")
-            for left in stop_leftovers():
+            for left in stop_leftovers(found=leftovers):
                 self.say(left.stopped())
             self.update(detail="resolving the model")
         problem = bind_problem(e.host, e.port) if self.node_rank == 0 else None
