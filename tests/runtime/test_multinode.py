@@ -276,6 +276,30 @@ def test_ports_in_use_are_named(tmp_path: Path, offset: int) -> None:
         assert "is already in use; stop what holds it or choose another with --master-port" in head.output()
 
 
+def test_a_worker_nodes_engine_port_in_use_is_named_on_both(tmp_path: Path) -> None:
+    """A worker node checks its own engines' ports before it starts any (its router-less share of the
+    plan): the port is named on the node and on the head, and no vLLM starts on the node. (vLLM with
+    several API servers binds its port with SO_REUSEPORT, so on a GPU node its own bind would not fail:
+    it would listen beside the holder, which then gets some of the requests.)"""
+    nodes = start_head(tmp_path, "--no-warmup")
+    worker_port = free_run(2)
+    try:
+        with socket.socket() as holder:
+            holder.bind(("127.0.0.1", worker_port + 1))
+            holder.listen()
+            worker = start_worker(nodes, "--engine-port", str(worker_port))
+            assert worker.wait(DEADLINE_S) == 1
+            assert nodes.head.wait(DEADLINE_S) == 1
+        want = f"port {worker_port + 1} on 127.0.0.1, one of the 1 after this node's --engine-port {worker_port} "
+        want += "its engines listen on, is already in use (another engine?); stop it or choose another "
+        want += "--engine-port on this node"
+        assert f"error: node 1: {want}" in worker.output(), worker.output()
+        assert f"node 1 (127.0.0.1): {want}" in nodes.head.output(), nodes.head.output()
+        assert not list(nodes.worker_dir.glob("**/engine-*.log")), "no vLLM may start on the node"
+    finally:
+        nodes.stop_all()
+
+
 def test_a_node_with_different_model_files_is_refused_and_both_say_so(tmp_path: Path) -> None:
     other = tmp_path / "demo-seed7"
     subprocess.run(
