@@ -53,6 +53,15 @@ ROLE_FILE = "role"
 NS_FILE = "pidns"
 UNKNOWN_ROLE = "an engine"
 """The role of a directory without ``ROLE_FILE`` (an older version's: engines only)."""
+BASE_ENV = "ERNIECHAT_TMP_BASE"
+"""Set in each child's environment: the temporary directory its own was made in, where its starter
+looks for leftovers. The chat page reads the status (which names a leftover engine) with its own
+``TMPDIR``, so without this it would look in its own directory and find none."""
+
+
+def children_base() -> Path:
+    """Where children's directories are made and looked for: the starter's temporary directory."""
+    return Path(os.environ.get(BASE_ENV) or tempfile.gettempdir())
 
 
 def inductor_cache_dir() -> str:
@@ -68,12 +77,12 @@ def inductor_cache_dir() -> str:
 
 def engine_tmp_env(tmp: Path) -> dict[str, str]:
     """An engine's environment for ``tmp``: temporary files and sockets there, compile cache as usual."""
-    return {"TMPDIR": str(tmp), "VLLM_RPC_BASE_PATH": str(tmp), "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()}
+    return {**tmpdir_env(tmp), "VLLM_RPC_BASE_PATH": str(tmp), "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()}
 
 
 def tmpdir_env(tmp: Path) -> dict[str, str]:
     """Any other child's environment for ``tmp``: its temporary files there."""
-    return {"TMPDIR": str(tmp)}
+    return {"TMPDIR": str(tmp), BASE_ENV: str(tmp.parent)}
 
 
 @dataclass(frozen=True)
@@ -95,7 +104,7 @@ class ChildTmp:
     def create(cls, role: str, base: Path | None = None) -> ChildTmp:
         """A fresh directory, after removing those whose owners and children are gone. Made under a
         hidden name, locked, then renamed: no other start can take it for an orphan meanwhile."""
-        base = base or Path(tempfile.gettempdir())
+        base = base or children_base()
         remove_abandoned(base)
         new = Path(tempfile.mkdtemp(prefix=NEW_PREFIX, dir=base))
         fd = -1

@@ -18,12 +18,11 @@ router, like any program that sets its process title, writes over its environmen
 
 from __future__ import annotations
 
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from backend.runtime.child_tmp import Orphan, orphans, remove_abandoned
+from backend.runtime.child_tmp import Orphan, children_base, orphans, remove_abandoned
 from backend.runtime.groups import group_processes, start_time, stop_group
 
 
@@ -41,7 +40,7 @@ class Leftover:
 
 def find_leftovers(base: Path | None = None) -> list[Leftover]:
     """Children in ``base`` (the temporary directory) whose owner is gone and which still run there."""
-    base = base or Path(tempfile.gettempdir())
+    base = base or children_base()
     return [Leftover(o.pgid, o.owner_pid, o.role) for o in orphans(base) if o.pgid is not None and still_runs(o)]
 
 
@@ -73,7 +72,7 @@ def stop_leftovers(
 ) -> list[Leftover]:
     """Stop every child a killed start left running (``found``: as :func:`find_leftovers` just found
     them), all at once, then remove their directories."""
-    base = base or Path(tempfile.gettempdir())
+    base = base or children_base()
     found = find_leftovers(base) if found is None else found
     if found:
         with ThreadPoolExecutor(max_workers=len(found)) as pool:

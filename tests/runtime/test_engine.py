@@ -191,6 +191,19 @@ def test_the_children_of_a_killed_start_are_found_by_what_they_are_and_stopped_t
         assert found[0].stopped() == (
             f"stopped the router left running by a killed start (pid {starter.pid}, process group {router})"
         )
+        # the chat page reads the status (which names a leftover engine) with its own TMPDIR: from the
+        # page's own environment, the same leftovers are found
+        page_env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{page}/environ").read_bytes().split(b"\0") if kv)
+        assert page_env[b"TMPDIR"].decode().startswith(str(base / child_tmp.PREFIX))
+        seen = subprocess.run(
+            [sys.executable, "-c", "from backend.runtime.leftovers import find_leftovers as f; print(len(f()))"],
+            env={**page_env, b"PYTHONPATH": bytes(ROOT)},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert seen.stdout.strip() == "2", (seen.stdout, seen.stderr)
         grace = 5.0
         assert sorted(leftovers.stop_leftovers(base, grace_s=grace), key=lambda left: left.pgid) == found
         assert not group_processes(router, live=True) and not group_processes(page, live=True)
