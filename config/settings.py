@@ -30,6 +30,8 @@ from config.errors import SettingsError
 ENV_PREFIX = "ERNIECHAT_"
 ENV_DELIMITER = "__"
 CONFIG_ENV = "ERNIECHAT_CONFIG"
+TMP_BASE_ENV = "ERNIECHAT_TMP_BASE"
+"""Not a setting: set by a start for its children (``backend.runtime.child_tmp``)."""
 DEFAULT_TOML = "erniechat.toml"
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -181,11 +183,11 @@ def _toml_path() -> Path | None:
 
 
 def _settings_env() -> dict[str, list[str]]:
-    """``ERNIECHAT_`` variables (not ``ERNIECHAT_CONFIG``) -> the key path each one sets."""
+    """``ERNIECHAT_`` variables (not ``ERNIECHAT_CONFIG`` or ``ERNIECHAT_TMP_BASE``) -> the key path each one sets."""
     return {
         name: name[len(ENV_PREFIX) :].lower().split(ENV_DELIMITER)
         for name in os.environ
-        if name.startswith(ENV_PREFIX) and name != CONFIG_ENV
+        if name.startswith(ENV_PREFIX) and name not in (CONFIG_ENV, TMP_BASE_ENV)
     }
 
 

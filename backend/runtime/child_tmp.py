@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backend.runtime.groups import alive, group_processes, start_time
+from config.settings import TMP_BASE_ENV
 
 PREFIX = "erniechat-engine-"
 """``erniechat-engine-<owner pid>-<random>``"""
@@ -53,7 +54,7 @@ ROLE_FILE = "role"
 NS_FILE = "pidns"
 UNKNOWN_ROLE = "an engine"
 """The role of a directory without ``ROLE_FILE`` (an older version's: engines only)."""
-BASE_ENV = "ERNIECHAT_TMP_BASE"
+BASE_ENV = TMP_BASE_ENV
 """Set in each child's environment: the temporary directory its own was made in, where its starter
 looks for leftovers. The chat page reads the status (which names a leftover engine) with its own
 ``TMPDIR``, so without this it would look in its own directory and find none."""
