@@ -17,7 +17,7 @@ from backend.engine_api import engine_url, headers, root_url
 from backend.errors import EngineStartError
 from backend.runtime.child_tmp import OwnTmp, engine_tmp_env
 from backend.runtime.logwatch import LogState, Phase
-from backend.runtime.process import EngineProcess
+from backend.runtime.process import ChildGroup
 
 ENGINE_CORE_TITLE = "VLLM::EngineCor"  # vLLM's process title "VLLM::EngineCore…", as Linux keeps 15 chars
 
@@ -62,10 +62,10 @@ class Engine:
         self._offset = 0
         self.restarts = 0
 
-    def _process(self) -> EngineProcess:
+    def _process(self) -> ChildGroup:
         """Its process, from a temporary directory of its own while it runs (``child_tmp``)."""
         own = OwnTmp(self.label, engine_tmp_env)
-        return EngineProcess(self.argv, self.env, self.log_path, cwd=self.cwd, own_tmp=own)
+        return ChildGroup(self.argv, self.env, self.log_path, cwd=self.cwd, own_tmp=own)
 
     @property
     def base_url(self) -> str:

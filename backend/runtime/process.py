@@ -1,4 +1,5 @@
-"""The vLLM server process: started in its own process group, stopped with everything it spawned."""
+"""A child process group (a vLLM server and its workers, the router, the chat page): started in its own
+process group, stopped with everything it spawned."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def log_tail(path: Path, n: int = 8) -> str:
         return "(no log)"
 
 
-class EngineProcess:
+class ChildGroup:
     """A child process group: a vLLM server and its workers, the router, the chat page."""
 
     def __init__(

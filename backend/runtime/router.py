@@ -1,7 +1,7 @@
 """Several engines behind one endpoint: vllm-project's ``vllm-router`` as a child process.
 
 The router is not written here (docs/router.md says which one, why, and what was measured):
-this module starts it in its own process group (:class:`EngineProcess`), waits until it
+this module starts it in its own process group (:class:`ChildGroup`), waits until it
 routes to every engine, reports each engine's health as the router sees it (for ``status``)
 and stops it with everything it spawned. Errors raise :class:`RouterError`, never exit.
 
@@ -32,7 +32,7 @@ import httpx
 from backend.engine_api import SESSION_HEADER, local_host
 from backend.errors import EngineStartError
 from backend.runtime.child_tmp import OwnTmp
-from backend.runtime.process import EngineProcess, log_tail, port_in_use
+from backend.runtime.process import ChildGroup, log_tail, port_in_use
 
 ROUTER_PACKAGE = "vllm-router"
 ROUTER_VERSION = "0.1.17"
@@ -61,7 +61,7 @@ class Worker:
     """How messages call it (``engine 0``); the URL when empty."""
     log_path: Path | None = None
     """Its log, whose tail goes into errors."""
-    process: EngineProcess | None = None
+    process: ChildGroup | None = None
     """Its process when this process started it: an engine that exits is reported at once."""
 
     @property
@@ -187,7 +187,7 @@ class Router:
         self.config = config
         self.log_path = log_path
         self.argv = router_argv(config, python)
-        self.process = EngineProcess(self.argv, {}, log_path, cwd=cwd or log_path.parent, own_tmp=OwnTmp("the router"))
+        self.process = ChildGroup(self.argv, {}, log_path, cwd=cwd or log_path.parent, own_tmp=OwnTmp("the router"))
 
     @property
     def url(self) -> str:

@@ -36,7 +36,7 @@ from backend.runtime.leftovers import find_leftovers, stop_leftovers
 from backend.runtime.logwatch import Phase
 from backend.runtime.mps import MpsDaemon
 from backend.runtime.node_identity import core_share, head_ip, model_fingerprint, resolves_to_loopback, vllm_version
-from backend.runtime.process import IN_USE, EngineProcess, bind_problem
+from backend.runtime.process import IN_USE, ChildGroup, bind_problem
 from backend.runtime.resolve import ResolvedModel, resolve_model
 from backend.runtime.router import Router, RouterConfig, RouterError, Worker
 from backend.runtime.rundir import RunDir
@@ -125,7 +125,7 @@ class Server:
         return engine_url(self.settings.engine.host, self.settings.engine.port)
 
     @property
-    def engine(self) -> EngineProcess | None:
+    def engine(self) -> ChildGroup | None:
         """The first engine's process (the only one without a router)."""
         return self.engines[0].process if self.engines else None
 

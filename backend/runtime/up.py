@@ -22,7 +22,7 @@ from backend.errors import ErniechatError
 from backend.page.auth import exposed_without_login
 from backend.runtime.child_tmp import OwnTmp
 from backend.runtime.leftovers import stop_leftovers
-from backend.runtime.process import IN_USE, EngineProcess, bind_problem
+from backend.runtime.process import IN_USE, ChildGroup, bind_problem
 from backend.runtime.serve import Server
 from config.settings import ENV_DELIMITER, ENV_PREFIX, ROOT, Settings
 
@@ -62,8 +62,8 @@ class ChatPage:
         self.workers = workers
         argv = [sys.executable, "-m", "backend.page.launch", app, "--host", host, "--port", str(port)]
         argv += ["--workers", str(workers)] if workers > 1 else []
-        # EngineProcess: the same own-process-group start and group stop as the engine's.
-        self.process = EngineProcess(argv, env, log_path, cwd=ROOT, base_env=base_env, own_tmp=OwnTmp("the chat page"))
+        # the same own-process-group start and group stop as the engines'
+        self.process = ChildGroup(argv, env, log_path, cwd=ROOT, base_env=base_env, own_tmp=OwnTmp("the chat page"))
 
     @classmethod
     def for_settings(cls, settings: Settings, workers: int = 1) -> ChatPage:

@@ -34,7 +34,7 @@ from backend.runtime.engines import Engine as RuntimeEngine
 from backend.runtime.engines import start_waves
 from backend.runtime.groups import group_processes, start_time
 from backend.runtime.logwatch import FATALS, LogState
-from backend.runtime.process import IN_USE, EngineProcess, bind_problem, free_port
+from backend.runtime.process import IN_USE, ChildGroup, bind_problem, free_port
 from backend.runtime.rundir import RunDir
 from backend.runtime.serve import ENGINE_CORE_TITLE, Server
 from backend.runtime.status import read_status
@@ -114,11 +114,11 @@ def test_a_child_that_cannot_start_leaves_no_directory(tmp_path: Path, monkeypat
     """A missing program is named; it, or any other failure to start, leaves no directory behind."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     own = child_tmp.OwnTmp("the router")
-    missing = EngineProcess([str(tmp_path / "no-such-python")], {}, tmp_path / "a.log", tmp_path, own_tmp=own)
+    missing = ChildGroup([str(tmp_path / "no-such-python")], {}, tmp_path / "a.log", tmp_path, own_tmp=own)
     with pytest.raises(EngineStartError, match=r"cannot run the engine's Python '.*no-such-python': No such file"):
         missing.start()
     (tmp_path / "logs").mkdir()
-    no_log = EngineProcess([sys.executable, "-c", "pass"], {}, tmp_path / "logs", tmp_path, own_tmp=own)
+    no_log = ChildGroup([sys.executable, "-c", "pass"], {}, tmp_path / "logs", tmp_path, own_tmp=own)
     with pytest.raises(IsADirectoryError):  # its log cannot be opened
         no_log.start()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.log", "logs"]

@@ -33,7 +33,7 @@ from support.waiting import DEADLINE_S, wait_until
 from backend.engine_api import ChatResult, chat, parse_metrics, total
 from backend.runtime import leftovers
 from backend.runtime.groups import group_processes
-from backend.runtime.process import EngineProcess, free_port
+from backend.runtime.process import ChildGroup, free_port
 from backend.runtime.router import SESSION_HEADER, Router, RouterConfig, RouterError, Worker
 from backend.runtime.status import read_status
 
@@ -77,7 +77,7 @@ def test_an_engine_that_never_becomes_healthy_is_named_with_its_log(tmp_path: Pa
 
 def test_an_engine_that_exits_while_starting_is_reported_with_its_log(tmp_path: Path) -> None:
     log = tmp_path / "engine-0.log"
-    process = EngineProcess([sys.executable, "-c", "print('out of memory'); raise SystemExit(3)"], {}, log, tmp_path)
+    process = ChildGroup([sys.executable, "-c", "print('out of memory'); raise SystemExit(3)"], {}, log, tmp_path)
     process.start()
     worker = Worker(f"http://127.0.0.1:{free_port()}", name="engine 0", log_path=log, process=process)
     with pytest.raises(RouterError, match=r"engine 0 \(.*\) exited \(code 3\) before it was healthy[^$]*out of memory"):

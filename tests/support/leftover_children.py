@@ -18,7 +18,7 @@ STARTER = """
 import sys, time
 from pathlib import Path
 from backend.runtime.child_tmp import OwnTmp
-from backend.runtime.process import EngineProcess
+from backend.runtime.process import ChildGroup
 out = Path(sys.argv[1])
 child = (
     "import signal, sys, time\\n"
@@ -26,7 +26,7 @@ child = (
     "while True: time.sleep(1)\\n"
 )
 kids = [
-    EngineProcess([sys.executable, "-c", child, str(out / f"{i}.term")], {}, out / f"{i}.log", out, own_tmp=own)
+    ChildGroup([sys.executable, "-c", child, str(out / f"{i}.term")], {}, out / f"{i}.log", out, own_tmp=own)
     for i, own in enumerate(map(OwnTmp, sys.argv[2:]))
 ]
 for kid in kids:
