@@ -92,8 +92,9 @@ class BeatReply(BaseModel):
 class Refused(BaseModel):
     error: str
     retry_after_s: float | None = None
-    """Set when the refusal may lift by itself: the rank's earlier node, silent now, is not yet taken
-    for gone (a node restarted at once after a crash); a live duplicate keeps it from lifting."""
+    """Set when the refusal may lift by itself (replicas only): the rank's earlier node, silent now,
+    is not yet taken for gone (a node restarted at once after a crash); a live duplicate keeps it
+    from lifting. Split, a node silent that long fails the head instead."""
 
 
 @dataclass
@@ -221,7 +222,7 @@ class Head:
             if old and old.state not in ("failed", "stopped") and silent < gone_after:
                 return 409, Refused(
                     error=f"node rank {rank} has already joined from {old.ip}; each node needs its own rank",
-                    retry_after_s=gone_after - silent,
+                    retry_after_s=None if self.split else gone_after - silent,
                 )
             refused = self._mismatch(req, ip)
             if refused:

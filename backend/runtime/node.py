@@ -66,6 +66,8 @@ class HeadLink:
         self.engines: list[str] = []
         self.reply: BeatReply | None = None
         self.last_answer = time.monotonic()
+        self.joined = False
+        """Only a joined node beats: a refused one's beat would fail the live node holding its rank."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -89,15 +91,23 @@ class HeadLink:
         is really gone then makes way, a live one with the same rank still beats and is named."""
         deadline: float | None = None
         while True:
-            r = self.http.post(f"{self.base}/join", content=req.model_dump_json())
+            try:
+                r = self.http.post(f"{self.base}/join", content=req.model_dump_json())
+            except httpx.HTTPError as err:
+                raise NodeError(
+                    f"the head at {self.host}:{self.port} stopped answering while node joined: {err}"
+                ) from None
             if r.status_code == 200:
+                self.joined = True
                 return JoinReply.model_validate_json(r.content)
             refused = _refusal(r)
             wait = refused.retry_after_s if refused else None
             if wait is not None and deadline is None:
                 deadline = time.monotonic() + wait + 2 * BEAT_S
-                rank = self.rank
-                say(f"node {rank}: the head still counts an earlier node {rank}; trying again for {wait:.0f} s")
+                say(
+                    f"node {self.rank}: the head still holds rank {self.rank} for an earlier node (restarted?); "
+                    f"trying again for up to {deadline - time.monotonic():.0f} s"
+                )
             if wait is None or deadline is None or time.monotonic() > deadline:
                 raise NodeError(f"the head refused node {self.rank}: {refused.error if refused else r.text[:200]}")
             time.sleep(min(wait, BEAT_S))
@@ -134,7 +144,8 @@ class HeadLink:
         if self._thread:
             self._thread.join(timeout=BEAT_S * 3)
         self.state, self.error = state, error
-        self.beat_once()
+        if self.joined:
+            self.beat_once()
         self.http.close()
 
 

@@ -252,16 +252,15 @@ class Server:
                 f"choose {outside} or another --engine-port"
             )
         host = self.settings.engine.host  # engine.port itself was checked before planning
-        # A worker node runs only its engines: no router, so neither engine.port nor the router's metrics port.
-        mine = taken[1:] if self.node_rank == 0 else taken[1:-1]
-        held = [p for p in mine if bind_problem(host, p) == IN_USE]
-        if held and self.node_rank:
-            raise PlanError(
-                f"port {held[0]} on {host}, one of the {len(mine)} after this node's --engine-port {taken[0]} "
-                "its engines listen on, is already in use (another engine?); stop it or choose another "
-                "--engine-port on this node"
-            )
-        if held:
+        if self.node_rank:  # a worker node runs only its engines: no router, no router metrics
+            mine = [server_port(plan, taken[0], i) for i in range(plan.engine_count)]
+            if held := [p for p in mine if bind_problem(host, p) == IN_USE]:
+                raise PlanError(
+                    f"port {held[0]} on {host}, where this node's engine {mine.index(held[0])} would listen (from "
+                    f"--engine-port {taken[0]}), is already in use (another engine?); stop it or choose another "
+                    "--engine-port on this node"
+                )
+        elif held := [p for p in taken[1:] if bind_problem(host, p) == IN_USE]:
             raise PlanError(
                 f"port {held[0]} on {host}, one of the {len(taken)} from engine.port {taken[0]} the plan's "
                 "engines and router listen on, is already in use (another engine?); stop it or choose another "

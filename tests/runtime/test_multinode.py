@@ -293,9 +293,9 @@ def test_a_worker_nodes_engine_port_in_use_is_named_on_both(tmp_path: Path) -> N
             worker = start_worker(nodes, "--engine-port", str(worker_port))
             assert worker.wait(DEADLINE_S) == 1
             assert nodes.head.wait(DEADLINE_S) == 1
-        want = f"port {worker_port + 1} on 127.0.0.1, one of the 1 after this node's --engine-port {worker_port} "
-        want += "its engines listen on, is already in use (another engine?); stop it or choose another "
-        want += "--engine-port on this node"
+        want = f"port {worker_port + 1} on 127.0.0.1, where this node's engine 0 would listen (from --engine-port "
+        want += f"{worker_port}), is already in use (another engine?); stop it or choose another --engine-port on "
+        want += "this node"
         assert f"error: node 1: {want}" in worker.output(), worker.output()
         assert f"node 1 (127.0.0.1): {want}" in nodes.head.output(), nodes.head.output()
         assert not list(nodes.worker_dir.glob("**/engine-*.log")), "no vLLM may start on the node"
@@ -369,7 +369,15 @@ def test_a_rank_joined_again_waits_for_its_earlier_node_to_fall_silent(earlier: 
             with pytest.raises(NodeError) as refused:
                 again.join(request, said.append)
             assert str(refused.value).startswith("the head refused node 1: node rank 1 has already joined from ")
-        assert said == [f"node 1: the head still counts an earlier node 1; trying again for {REJOIN_AFTER_S:.0f} s"]
+            again.close("failed", str(refused.value))  # as run_node does: it must not fail the live node 1
+            assert head.nodes[1].state == "joining" and head.problem() is None, (head.nodes[1], head.problem())
+        took = time.monotonic() - t0
+        if earlier == "alive":
+            assert took > REJOIN_AFTER_S, f"refused after {took:.1f} s: the refusal could still have lifted"
+        wait = f"{REJOIN_AFTER_S + 2 * BEAT_S:.0f}"
+        assert said == [
+            f"node 1: the head still holds rank 1 for an earlier node (restarted?); trying again for up to {wait} s"
+        ]
     finally:
         first.close("stopped")
         again.close("stopped")
