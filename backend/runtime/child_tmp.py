@@ -61,8 +61,10 @@ looks for leftovers. The chat page reads the status (which names a leftover engi
 
 
 def children_base() -> Path:
-    """Where children's directories are made and looked for: the starter's temporary directory."""
-    return Path(os.environ.get(BASE_ENV) or tempfile.gettempdir())
+    """Where children's directories are made and looked for: the starter's temporary directory (the
+    system's when the variable names no directory: set by hand, or the starter's gone with it)."""
+    base = os.environ.get(BASE_ENV)
+    return Path(base) if base and os.path.isdir(base) else Path(tempfile.gettempdir())
 
 
 def inductor_cache_dir() -> str:
