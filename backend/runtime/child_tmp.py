@@ -54,16 +54,14 @@ ROLE_FILE = "role"
 NS_FILE = "pidns"
 UNKNOWN_ROLE = "an engine"
 """The role of a directory without ``ROLE_FILE`` (an older version's: engines only)."""
-BASE_ENV = TMP_BASE_ENV
-"""Set in each child's environment: the temporary directory its own was made in, where its starter
-looks for leftovers. The chat page reads the status (which names a leftover engine) with its own
-``TMPDIR``, so without this it would look in its own directory and find none."""
 
 
 def children_base() -> Path:
-    """Where children's directories are made and looked for: the starter's temporary directory (the
-    system's when the variable names no directory: set by hand, or the starter's gone with it)."""
-    base = os.environ.get(BASE_ENV)
+    """Where children's directories are made and looked for: the starter's temporary directory, which
+    each child gets as ``TMP_BASE_ENV`` (the chat page reads the status, which names a leftover engine,
+    with a ``TMPDIR`` of its own, where it would find none); the system's when the variable names no
+    directory (set by hand, or the starter's gone with it)."""
+    base = os.environ.get(TMP_BASE_ENV)
     return Path(base) if base and os.path.isdir(base) else Path(tempfile.gettempdir())
 
 
@@ -85,7 +83,7 @@ def engine_tmp_env(tmp: Path) -> dict[str, str]:
 
 def tmpdir_env(tmp: Path) -> dict[str, str]:
     """Any other child's environment for ``tmp``: its temporary files there."""
-    return {"TMPDIR": str(tmp), BASE_ENV: str(tmp.parent)}
+    return {"TMPDIR": str(tmp), TMP_BASE_ENV: str(tmp.parent)}
 
 
 @dataclass(frozen=True)
