@@ -95,7 +95,7 @@ class HeadLink:
                 r = self.http.post(f"{self.base}/join", content=req.model_dump_json())
             except httpx.HTTPError as err:
                 raise NodeError(
-                    f"the head at {self.host}:{self.port} stopped answering while node joined: {err}"
+                    f"the head at {self.host}:{self.port} stopped answering while node {self.rank} was joining: {err}"
                 ) from None
             if r.status_code == 200:
                 self.joined = True
