@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 from support.leftover_children import children_started
+from support.ports import free_run
 from support.services import ROOT, BackendProcess, Engine, backend_env, clear_settings_env, status_of
 
 from backend.engine_api import KINDS, ChatResult, chat, fetch_metrics, total
@@ -451,7 +452,7 @@ def test_a_page_port_the_engine_needs_fails_before_any_engine_starts(tmp_path: P
 def test_a_routed_plans_engine_port_in_use_fails_before_any_engine_starts(tmp_path: Path) -> None:
     """Two engines behind the router listen on engine.port + 1 and + 2: the second one held (say by an
     engine started by hand) is named before any vLLM is launched, not found by a hanging warm-up."""
-    port = free_port()
+    port = free_run(4)  # the router, two engines after it, the router's metrics after them
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", port + 2))
         holder.listen()
@@ -468,8 +469,9 @@ def test_mps_sharing_without_its_daemon_fails_before_any_engine_starts(tmp_path:
     """A GPU plan of two engines under MPS on a host without NVIDIA's MPS control program (this one):
     refused with the program's name and the fix, before vLLM is launched."""
     args = ["serve", "--model", "demo", "--hardware", "1xH200", "--users", "256", "--set", "gpu_sharing=mps"]
-    proc = BackendProcess([*args, "--engine-port", str(free_port())], backend_env(tmp_path)).start()
-    assert proc.wait(120) == 1
+    port = free_run(4)  # a routed plan: a free engine.port alone left P + 1 .. P + 3 to chance (a CI run lost)
+    proc = BackendProcess([*args, "--engine-port", str(port)], backend_env(tmp_path)).start()
+    assert proc.wait(120) == 1, proc.output()
     assert "gpu_sharing=mps: nvidia-cuda-mps-control is not on PATH" in proc.output()
     assert "--set gpu_sharing=time-slice" in proc.output()
     status = read_status(tmp_path)
