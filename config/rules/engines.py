@@ -36,7 +36,9 @@ MAX_ENGINES_PER_GPU = 2
 """Three (0.28 of the memory and 2 API servers each) gave 0.86x / 0.94x the tokens/s of two (4 API
 servers each) at 128 / 256 concurrent on one 16-core H200 host: the third engine's host side
 takes the cores the first two's API servers used. Under MPS too: three gave 1.13x / 1.79x vLLM's
-defaults at 128 / 256 (same call), where two gave 1.37x / 2.31x on another host."""
+defaults at 128 / 256 (same call), where two gave 1.37x / 2.31x on another host. Under MPS with whole-step
+CUDA graphs three gave 1.05x / 1.10x two (same call, one host, spreads overlapping; 2026-12-05): too
+little to move this, so ``tune`` tries three there first."""
 SHARED_UTILIZATION = 0.84
 """The GPU's memory share all engines on it take together (two engines: 0.42 each, measured)."""
 SHARED_MIN_USERS = 128

@@ -3,7 +3,7 @@
 Candidates come from the planner's own rules: every parallel split (TP x PP x replicas) that
 uses the GPUs the default uses, crossed with max_num_seqs (the planner's value for that split,
 half, double) and max_num_batched_tokens (the planner's, double), and on a GPU async
-scheduling (on or off), engines per GPU (one or two behind the router), API servers per engine (half,
+scheduling (on or off), engines per GPU (one or two behind the router, three under MPS), API servers per engine (half,
 double), the stream interval (1 or 16) and CUDA graphs (whole steps or vLLM's own): the knobs that
 moved tokens/s on one H200.
 ``make_plan`` with those pins decides which are valid. The planner's default plan is always
@@ -173,9 +173,7 @@ def _knobs(base_plan: Plan, *, gpu: bool) -> list[Knob]:
     if gpu:
         if base_plan.async_scheduling:
             knobs.append(("async_scheduling", ((False, "async", "async scheduling off"),)))
-        engines = 2 if base_plan.engines_per_gpu == 1 else 1
-        label = f"{engines} engine{'s' if engines > 1 else ''} per GPU"
-        knobs.append(("engines_per_gpu", ((engines, "engines", label),)))
+        knobs.append(("engines_per_gpu", tuple((n, "engines", _engines_label(n)) for n in _other_engines(base_plan))))
         if base_plan.cudagraph_mode == "FULL":  # vLLM's own graphs (the capture size follows the mode)
             knobs.append(("cudagraph_mode", (("auto", "graphs", "vLLM's own CUDA graphs"),)))
         if base_plan.gpu_sharing == "mps":  # the other way needs MPS on the host, which the plan then had chosen
@@ -188,6 +186,22 @@ def _knobs(base_plan: Plan, *, gpu: bool) -> list[Knob]:
         interval = 1 if base_plan.stream_interval > 1 else 16
         knobs.append(("stream_interval", ((interval, "stream", f"stream interval {interval}"),)))
     return knobs
+
+
+def _other_engines(base_plan: Plan) -> list[int]:
+    """Engines per GPU to try beside the plan's: two for one, one for two; and three first for two under
+    MPS with whole-step graphs, where three gave 1.05x / 1.10x two's tokens/s at 128 / 256 concurrent on
+    one H200 (same call, overlapping spreads; BENCHMARKS.md, "Three engines under MPS"), too little to
+    move the planner's default but worth measuring on the user's own host."""
+    if base_plan.engines_per_gpu == 1:
+        return [2]
+    if base_plan.engines_per_gpu == 2 and base_plan.gpu_sharing == "mps" and base_plan.cudagraph_mode == "FULL":
+        return [3, 1]
+    return [1]
+
+
+def _engines_label(n: int) -> str:
+    return f"{n} engine{'s' if n > 1 else ''} per GPU"
 
 
 def inert_changes(candidate: Candidate, concurrency: int, long_prompt_tokens: int) -> list[str]:
