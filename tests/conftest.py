@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from support.page import SMALL_CONTEXT, start_page
+from support.ports import free_port
 from support.services import BackendProcess, Engine
 
-from backend.runtime.process import free_port
 from backend.runtime.up import ChatPage
 
 

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.ports import free_port
 from support.services import ROOT
 
 from backend.measure.page_client import PageError, PageSession
-from backend.runtime.process import free_port
 
 IMAGE = "localhost/erniechat-test:cpu"
 BUILD_TIMEOUT_S = 2400  # a fresh machine: base image, ~1 GB of wheels, the venv layer

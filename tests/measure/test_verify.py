@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from support.ports import free_port
 from support.services import Engine, run_backend
 
 from backend.measure.verify.checks import Check, Report, overall
 from backend.measure.verify.run import descendants, render
-from backend.runtime.process import free_port
 
 if TYPE_CHECKING:
     from backend.runtime.up import ChatPage

@@ -27,6 +27,7 @@ import pytest
 from support.app_client import FOOTER, ChatClient, footer_of
 from support.held import held, open_streams, wait_for_streams
 from support.page import page_processes
+from support.ports import free_port
 from support.services import ABANDONED_REPLY_S, BackendProcess, Engine, backend_env, clear_settings_env
 from support.waiting import group_gone, until_async
 
@@ -38,7 +39,6 @@ from backend.page.link import EngineLink, Target, prefill_s
 from backend.page.sampling import Sampling
 from backend.page.stream import stream_reply
 from backend.runtime.groups import group_processes
-from backend.runtime.process import free_port
 from backend.runtime.rundir import RunDir
 from backend.runtime.status import EngineStatus, WarmupRecord, read_status
 from backend.runtime.up import settings_env

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 from support.leftover_children import children_started
-from support.ports import free_run
+from support.ports import free_port, free_run
 from support.services import ROOT, BackendProcess, Engine, backend_env, clear_settings_env, status_of
 
 from backend.engine_api import KINDS, ChatResult, chat, fetch_metrics, total
@@ -35,7 +35,7 @@ from backend.runtime.engines import Engine as RuntimeEngine
 from backend.runtime.engines import start_waves
 from backend.runtime.groups import group_processes, start_time
 from backend.runtime.logwatch import FATALS, LogState
-from backend.runtime.process import IN_USE, ChildGroup, bind_problem, free_port
+from backend.runtime.process import IN_USE, ChildGroup, bind_problem
 from backend.runtime.rundir import RunDir
 from backend.runtime.serve import ENGINE_CORE_TITLE, Server
 from backend.runtime.status import read_status

@@ -26,14 +26,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support.ports import free_run
+from support.ports import free_port, free_run
 from support.services import ROOT, BackendProcess, backend_env
 from support.waiting import DEADLINE_S, wait_until
 
 from backend.engine_api import ChatResult, chat, parse_metrics, total
 from backend.runtime import leftovers
 from backend.runtime.groups import group_processes
-from backend.runtime.process import ChildGroup, free_port
+from backend.runtime.process import ChildGroup
 from backend.runtime.router import SESSION_HEADER, Router, RouterConfig, RouterError, Worker
 from backend.runtime.status import read_status
 

@@ -28,6 +28,12 @@ def free_run(count: int) -> int:
     raise RuntimeError(f"no {count} consecutive free ports below {low}")
 
 
+def free_port() -> int:
+    """One free port below the kernel's ephemeral range, for a server a test starts: one the kernel
+    hands out for a free one may be taken by an outgoing connection before the server listens."""
+    return free_run(1)
+
+
 def _free(port: int) -> bool:
     with closing(socket.socket()) as s:
         try:
