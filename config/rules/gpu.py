@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from config.errors import PlanError
 from config.hardware import GPUInfo, Hardware
 from config.model import ModelSpec
 from config.plan import GIB, Memory
@@ -89,20 +88,17 @@ def plan_gpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
     )
 
 
-MIN_COMPUTE_CAPABILITY = (7, 0)
-"""vLLM's CUDA kernels need Volta (V100) or newer: its installation guide's GPU requirement."""
+def too_old_gpus(gpus: list[GPUInfo] | tuple[GPUInfo, ...]) -> str:
+    """'GPU 0 (Tesla K80, cc 3.7), ...': GPUs named with the compute capability that keeps vLLM off them."""
+    return ", ".join(f"GPU {g.index} ({g.name}, cc {'.'.join(map(str, g.compute_capability))})" for g in gpus)
 
 
 def select_gpus(draft: Draft, hardware: Hardware, model: ModelSpec) -> list[GPUInfo]:
     """The GPUs vLLM runs on (compute capability 7.0 or newer): all, or only the larger kind when the
     smallest cannot hold the model alone."""
-    gpus = [g for g in hardware.node.gpus if g.compute_capability >= MIN_COMPUTE_CAPABILITY]
-    too_old = [g for g in hardware.node.gpus if g not in gpus]
-    if too_old:
-        named = ", ".join(f"GPU {g.index} ({g.name}, cc {'.'.join(map(str, g.compute_capability))})" for g in too_old)
-        if not gpus:
-            raise PlanError(f"{named}: vLLM needs compute capability 7.0 or newer (V100, T4, A10, L4, A100, H100, ...)")
-        draft.warnings.append(f"left out: {named}: vLLM needs compute capability 7.0 or newer")
+    gpus = [g for g in hardware.node.gpus if g.runs_vllm]  # some do: else the planner took the CPU path
+    if too_old := [g for g in hardware.node.gpus if g not in gpus]:
+        draft.warnings.append(f"left out: {too_old_gpus(too_old)}: vLLM needs compute capability 7.0 or newer")
     kinds = {(g.name, g.memory_bytes) for g in gpus}
     if len(kinds) == 1:
         return gpus

