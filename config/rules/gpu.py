@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from config.hardware import GPUInfo, Hardware
+from config.hardware import VLLM_GPUS, GPUInfo, Hardware, too_old_gpus
 from config.model import ModelSpec
 from config.plan import GIB, Memory
 from config.rules.batching import gpu_max_num_batched_tokens, gpu_max_num_seqs, prefill_chunk
@@ -88,17 +88,12 @@ def plan_gpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
     )
 
 
-def too_old_gpus(gpus: list[GPUInfo] | tuple[GPUInfo, ...]) -> str:
-    """'GPU 0 (Tesla K80, cc 3.7), ...': GPUs named with the compute capability that keeps vLLM off them."""
-    return ", ".join(f"GPU {g.index} ({g.name}, cc {'.'.join(map(str, g.compute_capability))})" for g in gpus)
-
-
 def select_gpus(draft: Draft, hardware: Hardware, model: ModelSpec) -> list[GPUInfo]:
-    """The GPUs vLLM runs on (compute capability 7.0 or newer): all, or only the larger kind when the
+    """The GPUs vLLM runs on (``GPUInfo.runs_vllm``): all, or only the larger kind when the
     smallest cannot hold the model alone."""
     gpus = [g for g in hardware.node.gpus if g.runs_vllm]  # some do: else the planner took the CPU path
     if too_old := [g for g in hardware.node.gpus if g not in gpus]:
-        draft.warnings.append(f"left out: {too_old_gpus(too_old)}: vLLM needs compute capability 7.0 or newer")
+        draft.warnings.append(f"left out: {too_old_gpus(too_old)}: vLLM needs {VLLM_GPUS}")
     kinds = {(g.name, g.memory_bytes) for g in gpus}
     if len(kinds) == 1:
         return gpus

