@@ -45,9 +45,7 @@ def plan_gpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
     mnbt_guess = draft.pins.get("max_num_batched_tokens", 8192)
     seqs_guess = draft.pins.get("max_num_seqs", 256)
 
-    tp, pp = choose_parallel(
-        draft, hardware, model, workload, usable, gpn, mnbt_guess, seqs_guess, min_tokens, smallest
-    )
+    tp, pp = choose_parallel(draft, hardware, model, workload, usable, gpus, mnbt_guess, seqs_guess, min_tokens)
     dp = choose_replicas(draft, hardware, tp, pp, gpn)
     nodes = draft.values["nodes"] if tp * pp <= gpn else 1  # replicas on every node share the users
     engines = gpu_engines(draft, hardware, workload, weights_per_gpu(model, tp, pp), tp * pp, dp, nodes, smallest)

@@ -152,13 +152,15 @@ def choose_parallel(
     model: ModelSpec,
     workload: WorkloadSettings,
     usable: int,
-    gpn: int,
+    gpus: list[GPUInfo],
     mnbt: int,
     seqs: int,
     min_tokens: int,
-    smallest: GPUInfo,
 ) -> tuple[int, int]:
-    """Set tensor_parallel_size and pipeline_parallel_size: the smallest split that fits, then the objective."""
+    """Set tensor_parallel_size and pipeline_parallel_size: the smallest split that fits, then the objective.
+    ``gpus``: the node's GPUs the plan uses (``select_gpus``), not those left out."""
+    gpn = len(gpus)
+    smallest = min(gpus, key=lambda g: g.memory_bytes)
     valid = valid_tp_sizes(model, gpn)
     pinned_tp = draft.pins.get("tensor_parallel_size")
     pinned_pp = draft.pins.get("pipeline_parallel_size")
@@ -213,7 +215,7 @@ def choose_parallel(
     tp_min, pp = fitting[0]
     tp = tp_min
     per_gpu = weights_per_gpu(model, tp_min, pp)
-    link = hardware.link_of([g.index for g in hardware.node.gpus[: max(2, tp_min)]])
+    link = hardware.link_of([g.index for g in gpus[: max(2, tp_min)]])
     reason = (
         f"smallest TP at which the weights ({per_gpu / GIB:.2f} GiB per GPU) and a {min_tokens:,}-token "
         f"context fit; other GPUs serve as replicas"
@@ -249,7 +251,7 @@ def choose_parallel(
         f"{pp} pipeline stages split the layers",
     )
     if tp > 1:
-        _warn_narrow_pcie(draft, hardware, tp)
+        _warn_narrow_pcie(draft, hardware, gpus[:tp])
     return tp, pp
 
 
@@ -292,13 +294,13 @@ def _across_nodes(
     else:
         stages = [p for p in range(2, min(hardware.nodes, model.num_layers) + 1) if fits_at(tp, p)]
         if not stages:
-            raise not_fit_error(model, smallest, usable, hardware.total_gpus, draft.pins)
+            raise not_fit_error(model, smallest, usable, gpn * hardware.nodes, draft.pins)
         pp = stages[0]
         reason = (
             f"too big for one node's {gpn} GPUs: {pp} pipeline stages, one per node; only activations cross the network"
         )
     if not fits_at(tp, pp):
-        raise not_fit_error(model, smallest, usable, hardware.total_gpus, draft.pins)
+        raise not_fit_error(model, smallest, usable, gpn * hardware.nodes, draft.pins)
     draft.set(
         "tensor_parallel_size",
         tp,
@@ -312,11 +314,11 @@ def _across_nodes(
     return tp, pp
 
 
-def _warn_narrow_pcie(draft: Draft, hardware: Hardware, tp: int) -> None:
-    """Under TP over PCIe, narrow or old links make all-reduces slow: say so."""
-    group = [g.index for g in hardware.node.gpus[:tp]]
-    if hardware.link_of(group) == "pcie":
-        narrow = [g for g in hardware.node.gpus[:tp] if (g.pcie_width or 16) < 16 or (g.pcie_gen or 4) < 3]
+def _warn_narrow_pcie(draft: Draft, hardware: Hardware, group: list[GPUInfo]) -> None:
+    """Under TP over PCIe (``group``: one TP group's GPUs), narrow or old links make all-reduces slow: say so."""
+    tp = len(group)
+    if hardware.link_of([g.index for g in group]) == "pcie":
+        narrow = [g for g in group if (g.pcie_width or 16) < 16 or (g.pcie_gen or 4) < 3]
         if narrow:
             draft.warnings.append(
                 "narrow PCIe links ("

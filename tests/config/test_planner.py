@@ -682,6 +682,21 @@ def test_gpus_older_than_vllm_takes_leave_the_cpu_engine_or_are_left_out(tmp_pat
     assert mixed.gpus == [1] and any("left out: GPU 0 (Tesla K80, cc 3.7)" in w for w in mixed.warnings)
 
 
+def test_a_gpu_left_out_for_its_age_plays_no_part_in_the_split(tmp_path: Path) -> None:
+    """A K80 on a narrow x4 slot as GPU 0 beside two A10s on x16: TP=2 runs over the A10s, so no narrow-PCIe
+    warning names the K80 (the split's link checks used the node's first GPUs, left out or not)."""
+    k80 = 'name = "Tesla K80"\ncount = 1\nmemory_gib = 12\ncompute_capability = "3.7"\npcie_gen = 3\npcie_width = 4\n'
+    a10 = (
+        'name = "NVIDIA A10"\ncount = 2\nmemory_gib = 22.5\ncompute_capability = "8.6"\npcie_gen = 4\npcie_width = 16\n'
+    )
+    (tmp_path / "host.toml").write_text(
+        'name = "mixed"\n[node]\ncpu_cores = 16\nmemory_gib = 128\n[[node.gpus]]\n' + k80 + "[[node.gpus]]\n" + a10
+    )
+    p = plan(str(tmp_path / "host.toml"), "llama-3.1-8b", pins={"tensor_parallel_size": 2})
+    assert p.gpus == [1, 2] and p.tensor_parallel_size == 2
+    assert not any("narrow PCIe" in w for w in p.warnings), p.warnings
+
+
 def test_a_config_json_given_as_the_model_plans_a_command_for_its_directory(tmp_path: Path) -> None:
     shutil.copy(DATA / "ernie-4.5-0.3b-pt.json", tmp_path / "config.json")
     done = run_cli("plan", "--model", str(tmp_path / "config.json"))
