@@ -13,6 +13,11 @@ FIRST_PORT = 10000
 """Test ports are drawn from here up to the start of the kernel's ephemeral range."""
 
 
+_GIVEN: set[int] = set()
+"""Ports handed out in this process: two runs drawn for one test (a head's and its master port) are
+free when drawn but not yet held, so a second draw could overlap the first."""
+
+
 def free_run(count: int) -> int:
     """A port P with P .. P + count - 1 free, below the kernel's ephemeral range: the head derives
     its engines' and the router's metrics ports from its own (P + 1, P + 2), and a port the kernel
@@ -23,7 +28,9 @@ def free_run(count: int) -> int:
         raise RuntimeError(f"the ephemeral port range starts at {low}: no room below it for test ports")
     for _ in range(200):
         port = random.randrange(FIRST_PORT, low - count)
-        if all(_free(port + i) for i in range(count)):
+        run = range(port, port + count)
+        if not _GIVEN.intersection(run) and all(_free(p) for p in run):
+            _GIVEN.update(run)
             return port
     raise RuntimeError(f"no {count} consecutive free ports below {low}")
 
