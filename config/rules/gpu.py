@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from config.hardware import VLLM_GPUS, GPUInfo, Hardware, too_old_gpus
+from config.hardware import GPUInfo, Hardware, too_old_for_vllm
 from config.model import ModelSpec
 from config.plan import GIB, Memory
 from config.rules.batching import gpu_max_num_batched_tokens, gpu_max_num_seqs, prefill_chunk
@@ -91,7 +91,7 @@ def select_gpus(draft: Draft, hardware: Hardware, model: ModelSpec) -> list[GPUI
     smallest cannot hold the model alone."""
     gpus = [g for g in hardware.node.gpus if g.runs_vllm]  # some do: else the planner took the CPU path
     if too_old := [g for g in hardware.node.gpus if g not in gpus]:
-        draft.warnings.append(f"left out: {too_old_gpus(too_old)}: vLLM needs {VLLM_GPUS}")
+        draft.warnings.append(f"left out: {too_old_for_vllm(too_old)}")
     kinds = {(g.name, g.memory_bytes) for g in gpus}
     if len(kinds) == 1:
         return gpus
