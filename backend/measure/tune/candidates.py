@@ -189,11 +189,10 @@ def _knobs(base_plan: Plan, *, gpu: bool) -> list[Knob]:
 
 
 def _other_engines(base_plan: Plan) -> list[int]:
-    """Engines per GPU to try beside the plan's: two for one, one for two; and three first for two under
-    MPS with whole-step graphs, where three gave 1.05x / 1.10x two's tokens/s at 128 / 256 concurrent on
-    one H200 (same call, overlapping spreads; BENCHMARKS.md, "Three engines under MPS"), too little to
-    move the planner's default but worth measuring on the user's own host."""
-    if base_plan.engines_per_gpu == 1:
+    """Engines per GPU to try beside the plan's: two for one or three, one for two; and three first for
+    two under MPS with whole-step graphs (the planner's two there is for 64-127 users per GPU, below the
+    128 and 256 concurrent where three gave 1.05-1.15x two; BENCHMARKS.md, "Three engines under MPS")."""
+    if base_plan.engines_per_gpu in (1, 3):
         return [2]
     if base_plan.engines_per_gpu == 2 and base_plan.gpu_sharing == "mps" and base_plan.cudagraph_mode == "FULL":
         return [3, 1]
