@@ -113,7 +113,7 @@ class Plan(BaseModel):
     gpu_sharing: GpuSharing = "time-slice"
     """How engines sharing a GPU take turns on it: the driver's time-slicing, or NVIDIA's
     Multi-Process Service (``mps``: a daemon of the user's own that ``serve`` starts and quits,
-    so both engines' kernels run at once; ``backend/runtime/mps.py``)."""
+    so the engines' kernels run at once; ``backend/runtime/mps.py``)."""
     cudagraph_mode: CudagraphMode = "auto"
     """Which engine steps vLLM replays as CUDA graphs (``--compilation-config``): ``FULL`` graphs a step
     that reads prompts too, not only pure decode steps as vLLM's own ``FULL_AND_PIECEWISE`` does."""
@@ -323,7 +323,7 @@ def _cross_field_problems(plan: Plan) -> list[str]:
         out.append(
             "gpu_sharing=mps: NVIDIA's Multi-Process Service is for several engines on one GPU, and this plan "
             + ("runs on the CPU" if plan.device == "cpu" else "has one engine per GPU (engines_per_gpu=1)")
-            + "; valid: time-slice, or engines_per_gpu=2 on a GPU"
+            + "; valid: time-slice, or engines_per_gpu=2 or more on a GPU"
         )
     if plan.max_model_len != plan.memory.max_model_len:
         out.append(

@@ -12,7 +12,7 @@ from backend.measure.verify.run import DEFAULT_PROMPTS, DEFAULT_REPLY_TOKENS, re
 from config.settings import Settings
 
 NAME = "verify"
-HELP = "check the running engine: parallel sizes in its log, one process per GPU, jitter, GPU-Util, NCCL, links"
+HELP = "check the running engine: parallel sizes in its log, engine processes per GPU, jitter, GPU-Util, NCCL, links"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -77,7 +77,8 @@ def check_engine_build(plan: Plan, python: str, hardware: str) -> None:
         return  # a GPU build without its metadata (a bundle unpacked onto sys.path): vLLM's start says more
     if "cpu" in found:
         fix = (
-            f"the plan is for the hardware profile '{hardware}': drop --hardware to plan for this machine"
+            f"the plan is for the hardware profile '{hardware}': set engine.hardware to auto (drop --hardware) to "
+            "plan for this machine"
             if hardware != "auto"
             else "run the set-up script again on this machine (it installs vLLM's GPU build where it finds a GPU "
             "vLLM runs on)"

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from config.planner import Draft
 
 SHARED_GPU_MIN_BYTES = 70 * GIB
-"""GPUs this big have room for two copies of a small model and their KV caches."""
+"""GPUs this big have room for two or three copies of a small model and their KV caches."""
 SHARED_MAX_WEIGHT_BYTES = 4 * GIB
 """Models up to this many bytes of weights per GPU are host-bound on a big GPU."""
 CORES_PER_ENGINE = 8
@@ -46,8 +46,6 @@ on 16 cores) against two in the same call gave 1.05x / 1.10x the tokens/s at 128
 one H200 (2026-12-05, spreads overlapping) and 1.13x / 1.15x on one H100 (the same day, every
 three-engine run at 256 above every two-engine run), p99 TTFT alike: a graphed step costs the host
 less, and the GPU, idle 44 % of the time under two engines, has room for a third."""
-WHOLE_STEP_MPS_CORES_PER_ENGINE = 5
-"""Host cores each of those three engines had (16 cores fed three, measured)."""
 WHOLE_STEP_MPS_MIN_USERS = 128
 """Users per GPU from which the third engine joins: it was measured at 128 and 256 concurrent only."""
 SHARED_UTILIZATION = 0.84
@@ -77,7 +75,8 @@ MPS_MEASURED = (
 WHOLE_STEP_MPS_MEASURED = (
     "measured under MPS with whole-step graphs, 16 cores, the same call each: three engines 1.05x / 1.10x two's "
     "tokens/s at 128 / 256 concurrent on one H200 and 1.13x / 1.15x on one H100, and 1.58x (H200) and 1.71x / "
-    "2.55x (H100) `vllm serve` defaults' at 128 / 256 with half their p99 TTFT or less (BENCHMARKS.md)"
+    "2.55x (H100) `vllm serve` defaults' at 128 / 256 with about half their p99 TTFT at 128, a quarter at 256 "
+    "(BENCHMARKS.md)"
 )
 """The figures behind the third engine."""
 
@@ -113,12 +112,8 @@ def gpu_engines(
     per_gpu = f"{users} users per GPU ({workload.users} over {all_groups} GPUs)" if all_groups > 1 else f"{users} users"
     fit = min(MAX_ENGINES_PER_GPU, per_group_cores // CORES_PER_ENGINE)
     pinned_share = draft.pins.get("gpu_memory_utilization", 0)
-    third = (
-        mps
-        and whole_steps
-        and per_group_cores // WHOLE_STEP_MPS_CORES_PER_ENGINE >= WHOLE_STEP_MPS_ENGINES
-        and pinned_share * WHOLE_STEP_MPS_ENGINES <= 0.95
-    )
+    # The 16 cores two engines need fed three (measured); a host with fewer shares no GPU.
+    third = mps and whole_steps
     if world > 1:
         n, why = 1, "one engine per GPU group: the group's GPUs are joined by TP/PP"
     elif smallest.memory_bytes < SHARED_GPU_MIN_BYTES:
@@ -137,16 +132,20 @@ def gpu_engines(
             1,
             f"one engine per GPU for {per_gpu}: {fit} would share it from {min_users} users per GPU ({measured})",
         )
-    elif third and users >= WHOLE_STEP_MPS_MIN_USERS:
+    elif third and users >= WHOLE_STEP_MPS_MIN_USERS and pinned_share * WHOLE_STEP_MPS_ENGINES <= 0.95:
         n, why = (
             WHOLE_STEP_MPS_ENGINES,
             f"{WHOLE_STEP_MPS_ENGINES} engines per GPU: a {weights / GIB:.2g} GiB model leaves a big GPU mostly "
             f"idle and one engine's host side is the ceiling; under MPS with whole steps as CUDA graphs "
-            f"{per_group_cores} cores feed {WHOLE_STEP_MPS_ENGINES} ({WHOLE_STEP_MPS_CORES_PER_ENGINE} each); "
-            f"{WHOLE_STEP_MPS_MEASURED}",
+            f"{per_group_cores} cores feed {WHOLE_STEP_MPS_ENGINES} (16 fed three); {WHOLE_STEP_MPS_MEASURED}",
         )
     else:
-        later = f"; a third joins from {WHOLE_STEP_MPS_MIN_USERS} users per GPU ({per_gpu} here)" if third else ""
+        if not third:
+            later = ""
+        elif users < WHOLE_STEP_MPS_MIN_USERS:
+            later = f"; a third joins from {WHOLE_STEP_MPS_MIN_USERS} users per GPU ({users} here)"
+        else:
+            later = f"; a third would join, but you pinned gpu_memory_utilization={pinned_share} (x3 > 0.95)"
         n, why = (
             fit,
             f"{fit} engines per GPU: a {weights / GIB:.2g} GiB model leaves a big GPU mostly idle and one engine's "

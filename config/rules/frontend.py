@@ -51,8 +51,8 @@ def gpu_frontend(
         count = max(1, min(4, per_engine // 2))
         reason = (
             f"{count} API server processes for each of the {dp * engines} engines: {per_engine} cores each, half "
-            "of them (measured on a 16-core H200 host, 2 engines: 4 each gave 1.08x at 128 and 1.14x at 256 "
-            "concurrent over 3 each)"
+            "of them, rounded down, at most 4 (measured on a 16-core H200 host, 2 engines: 4 each gave 1.08x at 128 "
+            "and 1.14x at 256 concurrent over 3 each)"
         )
     else:
         count = dp

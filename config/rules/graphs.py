@@ -41,10 +41,10 @@ def _why_not_whole_steps(gpus: list[GPUInfo], model: ModelSpec) -> str:
 
 
 def whole_step_graphs(draft: Draft, gpus: list[GPUInfo], model: ModelSpec) -> bool:
-    """Whether the plan will graph whole steps (``FULL``): pinned, else as :func:`gpu_graphs` will
-    decide. Engines per GPU hang on it, and are chosen before the graphs."""
-    pinned = draft.pins.get("cudagraph_mode")
-    return pinned == "FULL" if pinned else not _why_not_whole_steps(gpus, model)
+    """Whether the plan will graph whole steps (``FULL``, pinned or the planner's), and vLLM can: a
+    FULL pin where FlashAttention 2 runs graphs pure decode steps only. Engines per GPU hang on it, and
+    are chosen before the graphs."""
+    return draft.pins.get("cudagraph_mode", "FULL") == "FULL" and not _why_not_whole_steps(gpus, model)
 
 
 def gpu_graphs(draft: Draft, gpus: list[GPUInfo], model: ModelSpec, max_num_batched_tokens: int) -> None:

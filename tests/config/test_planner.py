@@ -571,7 +571,7 @@ def test_engines_per_gpu_several_on_a_big_gpu_for_a_small_model_under_load_one_e
     assert plan("1xH200", users=128).engines_per_gpu == 3
     pair = plan("1xH200", users=64)
     assert (pair.engines_per_gpu, pair.gpu_memory_utilization) == (2, 0.42)
-    assert "a third joins from 128 users per GPU (64 users here)" in pair.reasons["engines_per_gpu"]
+    assert "a third joins from 128 users per GPU (64 here)" in pair.reasons["engines_per_gpu"]
     few = plan("1xH200", users=32)
     assert few.engines_per_gpu == 1 and not few.routed and "from 64 users" in few.reasons["engines_per_gpu"]
     sliced = plan("1xH200", users=64, pins={"gpu_sharing": "time-slice"})
@@ -580,7 +580,14 @@ def test_engines_per_gpu_several_on_a_big_gpu_for_a_small_model_under_load_one_e
     assert sliced.engines_per_gpu == 2 and "third" not in sliced.reasons["engines_per_gpu"]
     own_graphs = plan("1xH200", users=256, pins={"cudagraph_mode": "auto"})
     assert own_graphs.engines_per_gpu == 2 and own_graphs.gpu_memory_utilization == 0.42
-    assert plan("1xH200", users=256, pins={"gpu_memory_utilization": "0.4"}).engines_per_gpu == 2
+    assert plan("1xH200", users=256, pins={"gpu_memory_utilization": "0.31"}).engines_per_gpu == 3
+    pinned = plan("1xH200", users=256, pins={"gpu_memory_utilization": "0.32"})
+    assert pinned.engines_per_gpu == 2
+    assert "a third would join, but you pinned gpu_memory_utilization=0.32" in pinned.reasons["engines_per_gpu"]
+    a100 = load_profile("1xA100-80G")
+    a100 = a100.model_copy(update={"node": a100.node.model_copy(update={"cpu_cores": 16, "mps": True})})
+    fa2 = make_plan(a100, model(ERNIE), WorkloadSettings(users=256), {"cudagraph_mode": "FULL"})
+    assert fa2.engines_per_gpu == 2, "FlashAttention 2 graphs no step that reads a prompt: no third engine"
     assert "one engine per GPU" in plan("1xT4").reasons["engines_per_gpu"]
     assert plan("1xH200", "llama-3.1-8b").engines_per_gpu == 1  # 15 GiB of weights keep the GPU busy
     assert plan("2xH200-nvlink", users=256, pins={"tensor_parallel_size": "2"}).engines_per_gpu == 1
@@ -593,8 +600,13 @@ def test_engines_share_a_gpu_by_the_users_each_gpu_gets_not_all_users() -> None:
     assert spread.engines_per_gpu == 1, "32 users per GPU: two engines would lose"
     assert "for 32 users per GPU (256 over 8 GPUs)" in spread.reasons["engines_per_gpu"]
     assert plan("8xH200-nvlink", users=512).engines_per_gpu == 2
+    assert plan("8xH200-nvlink", users=1024).engines_per_gpu == 3
     assert plan("2xH200-nvlink", users=128).engines_per_gpu == 2
     assert plan("2xH200-nvlink", users=64).engines_per_gpu == 1
+    assert (plan("2xH200-nvlink", users=254).engines_per_gpu, plan("2xH200-nvlink", users=256).engines_per_gpu) == (
+        2,
+        3,
+    )
 
 
 def test_a_memory_split_that_cannot_hold_the_model_is_refused_before_launch() -> None:

@@ -66,11 +66,13 @@ def test_gpu_candidates_vary_engines_per_gpu_mps_graphs_and_the_stream_interval(
     assert two.pins == {"engines_per_gpu": 2} and two.name == "2 engines per GPU" and two.plan.routed
     assert two.plan.gpu_memory_utilization > found[0].plan.gpu_memory_utilization, "two share the memory"
     assert found[0].values["gpu_sharing"] == "mps"
-    sliced = next(c for c in found if c.changes == ("sharing",))
-    assert sliced.pins == {"gpu_sharing": "time-slice"} and sliced.plan.engines_per_gpu == 2, "time-sliced: two"
+    sliced = next(c for c in found if c.changes == ("sharing", "engines"))  # time-sliced, the planner runs two
+    assert sliced.pins == {"gpu_sharing": "time-slice"} and sliced.plan.engines_per_gpu == 2
+    assert sliced.name == "GPU time-sliced, no MPS + 2 engines per GPU"
     assert (found[0].values["cudagraph_mode"], found[0].values["max_cudagraph_capture_size"]) == ("FULL", 1024)
-    own = next(c for c in found if c.changes == ("graphs",))  # vLLM's own graphs: the size follows the mode
+    own = next(c for c in found if c.pins == {"cudagraph_mode": "auto"})  # the size follows the mode
     assert own.pins == {"cudagraph_mode": "auto"} and own.values["max_cudagraph_capture_size"] == 0
+    assert own.changes == ("graphs", "engines") and own.name == "vLLM's own CUDA graphs + 2 engines per GPU"
     assert "--compilation-config" not in engine_flags(own.plan) and "--compilation-config" in engine_flags(
         found[0].plan
     )
@@ -89,8 +91,9 @@ def test_gpu_candidates_vary_engines_per_gpu_mps_graphs_and_the_stream_interval(
     (three,) = (c for c in sixty_four if c.changes == ("engines",))
     assert (three.pins, three.name) == ({"engines_per_gpu": 3}, "3 engines per GPU")
     assert three.plan.gpu_memory_utilization < sixty_four[0].plan.gpu_memory_utilization, "three share the memory"
-    alone = next(c for c in sixty_four if c.changes == ("sharing",))
+    alone = next(c for c in sixty_four if c.changes == ("sharing", "engines"))
     assert alone.plan.engines_per_gpu == 1 and not alone.plan.routed
+    assert next(c for c in sixty_four if c.pins == {"cudagraph_mode": "auto"}).changes == ("graphs",), "still two"
     sliced_two, _ = candidates("1xH200", users=256, pins={"gpu_sharing": "time-slice"})
     assert [c.values["engines_per_gpu"] for c in sliced_two if c.changes == ("engines",)] == [1], (
         "three time-sliced engines lost to two (0.86x / 0.94x): not tried"

@@ -22,7 +22,7 @@ from backend.measure.verify.run import descendants, render
 if TYPE_CHECKING:
     from backend.runtime.up import ChatPage
 
-GPU_CHECKS = ("one process per GPU", "GPU memory balance", "GPU utilisation", "links (PCIe/NVLink)")
+GPU_CHECKS = ("engine processes per GPU", "GPU memory balance", "GPU utilisation", "links (PCIe/NVLink)")
 
 
 def verify(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -78,7 +78,7 @@ def test_table_lists_every_check(engine: Engine) -> None:
     header = next(line for line in lines if line.startswith("check "))
     assert header.split() == ["check", "result", "measured", "threshold", "note"]
     assert any(line.startswith("parallel sizes in log") and " PASS " in line for line in lines)
-    assert any(line.startswith("one process per GPU") and " SKIP " in line for line in lines)
+    assert any(line.startswith("engine processes per GPU") and " SKIP " in line for line in lines)
     assert lines[-1].startswith("overall: ")
 
 

@@ -5,6 +5,7 @@ machines, and prompt timings; no engine, nothing mocked.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -26,7 +27,7 @@ from backend.measure.verify.checks import (
     check_utilisation,
     find_nccl_problems,
 )
-from backend.measure.verify.run import VISIBLE_RESENDS, send_prompts
+from backend.measure.verify.run import VISIBLE_RESENDS, mps_server_pids, send_prompts
 from config.hardware import load_profile
 from config.model import read_model
 from config.plan import Plan
@@ -186,6 +187,25 @@ def test_a_second_process_on_a_gpu_fails_and_is_named() -> None:
     check = check_processes([reading(0, [811, 4242], 131), reading(1, [812], 130)], engine_pids={811, 812})
     assert check.result == "fail"
     assert "GPU0 (pids [811, 4242])" in check.note and "not the engine's: pids [4242]" in check.note
+
+
+def test_engines_sharing_a_gpu_under_mps_pass_with_the_mps_server_beside_them() -> None:
+    """Three engines per GPU under MPS: NVML lists the three and NVIDIA's MPS server (one H100,
+    nvidia-smi in BENCHMARKS.md's "Three engines again"); the server is not counted."""
+    engines = {5408, 5948, 6482}
+    three = [reading(0, [5408, 5652, 5948, 6482], 70)]
+    check = check_processes(three, engine_pids=engines | {5652}, per_gpu=3, mps_pids={5652})
+    assert (check.result, check.value, check.threshold) == ("pass", {0: 3}, "3 per GPU") and check.note == ""
+    assert check_processes(three, engine_pids=engines, per_gpu=3).result == "fail", "the server counted: four"
+    short = check_processes([reading(0, [5408, 5652, 5948], 47)], engines, per_gpu=3, mps_pids={5652})
+    assert short.result == "fail" and "fewer than 3 on GPU0 (pids [5408, 5948])" in short.note
+
+
+def test_the_mps_server_is_told_by_its_process_name(tmp_path: Path) -> None:
+    for pid, comm in ((5408, "VLLM::EngineCor"), (5652, "nvidia-cuda-mps")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "comm").write_text(comm + "\n")
+    assert mps_server_pids({5408, 5652, 9999}, tmp_path) == {5652}, "9999: gone, or another namespace's"
 
 
 def test_a_gpu_without_a_process_fails() -> None:

@@ -119,7 +119,7 @@ def enumerate_candidates(
         """A value the user pinned otherwise: the user's pin would win, so it is no candidate."""
         return any(key in user and user[key] != value for key, value in pins.items())
 
-    def add(name: str, pins: dict[str, Any], changes: tuple[str, ...], base: dict[str, int]) -> None:
+    def add(name: str, pins: dict[str, Any], changes: tuple[str, ...], base: dict[str, int], engines: int) -> None:
         if overruled(pins):
             return
         try:
@@ -127,6 +127,10 @@ def enumerate_candidates(
         except PlanError as err:
             rejected.append(f"{name}: {err}")
             return
+        if "engines" not in changes and p.engines_per_gpu != engines:
+            # the planner's answer to another pin (time-sliced, or vLLM's own graphs: fewer engines share
+            # the GPU): named, so that its figures are not put down to that pin alone
+            changes, name = (*changes, "engines"), f"{name} + {_engines_label(p.engines_per_gpu)}"
         key = tuple(plan_values(p).values())
         if key in seen:
             return
@@ -155,7 +159,7 @@ def enumerate_candidates(
                     pins[key] = value
                     changes.append(change)
                     parts.append(label)
-            add(" + ".join(parts) or "default", pins, tuple(changes), base)
+            add(" + ".join(parts) or "default", pins, tuple(changes), base, base_plan.engines_per_gpu)
     return candidates, rejected
 
 

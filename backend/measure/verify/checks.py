@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -209,33 +209,47 @@ class GPUReading:
     total_bytes: int
 
 
-def check_processes(readings: Sequence[GPUReading], engine_pids: set[int] | None) -> Check:
-    """Exactly one compute process on every GPU the plan uses (one worker per GPU).
+PROCESSES_CHECK = "engine processes per GPU"
+MPS_SERVER_COMM = "nvidia-cuda-mps"
+"""``/proc/PID/comm`` of NVIDIA's MPS server (``nvidia-cuda-mps-server`` cut to 15 characters)."""
+
+
+def check_processes(
+    readings: Sequence[GPUReading], engine_pids: set[int] | None, per_gpu: int = 1, mps_pids: Set[int] = frozenset()
+) -> Check:
+    """Exactly the plan's engine processes on every GPU it uses: ``per_gpu`` (its engines_per_gpu; a
+    TP/PP group has one worker per GPU). ``mps_pids``: NVIDIA's MPS server, which NVML lists on a GPU
+    whose engines share it under MPS, not counted.
 
     ``engine_pids``: the serve process's descendants, to name foreign processes; None where
     they cannot be known (NVML then reports PIDs from another namespace, as in containers).
     """
-    counts = {r.index: len(r.pids) for r in readings}
+    pids = {r.index: [p for p in r.pids if p not in mps_pids] for r in readings}
+    counts = {i: len(p) for i, p in pids.items()}
     measured = ", ".join(f"GPU{i}: {n}" for i, n in counts.items())
     notes: list[str] = []
-    crowded = [r for r in readings if len(r.pids) > 1]
-    empty = [r for r in readings if not r.pids]
+    crowded = [i for i, n in counts.items() if n > per_gpu]
+    short = [i for i, n in counts.items() if 0 < n < per_gpu]
+    empty = [i for i, n in counts.items() if n == 0]
     result: Result = "pass"
     if crowded:
         result = "fail"
-        notes.append("more than one process on " + ", ".join(f"GPU{r.index} (pids {r.pids})" for r in crowded))
+        notes.append(f"more than {per_gpu} on " + ", ".join(f"GPU{i} (pids {pids[i]})" for i in crowded))
+    if short:
+        result = "fail"
+        notes.append(f"fewer than {per_gpu} on " + ", ".join(f"GPU{i} (pids {pids[i]})" for i in short))
     if empty:
-        if all(not r.pids for r in readings) and any(r.used_bytes > 0 for r in readings):
+        if all(n == 0 for n in counts.values()) and any(r.used_bytes > 0 for r in readings):
             result = "warn" if result == "pass" else result
             notes.append("NVML lists no processes although memory is in use (PIDs in another namespace?)")
         else:
             result = "fail"
-            notes.append("no process on " + ", ".join(f"GPU{r.index}" for r in empty))
+            notes.append("no process on " + ", ".join(f"GPU{i}" for i in empty))
     if engine_pids is not None:
-        foreign = sorted({p for r in readings for p in r.pids} - engine_pids)
+        foreign = sorted({p for ps in pids.values() for p in ps} - engine_pids)
         if foreign and len(foreign) < sum(counts.values()):
             notes.append(f"not the engine's: pids {foreign}")
-    return Check("one process per GPU", result, measured, "1 per GPU", "; ".join(notes), counts)
+    return Check(PROCESSES_CHECK, result, measured, f"{per_gpu} per GPU", "; ".join(notes), counts)
 
 
 def check_memory_balance(readings: Sequence[GPUReading]) -> Check:
@@ -411,7 +425,7 @@ def skip(name: str, threshold: str, why: str) -> Check:
 
 def gpu_skips(why: str) -> list[Check]:
     return [
-        skip("one process per GPU", "1 per GPU", why),
+        skip(PROCESSES_CHECK, "the plan's engines_per_gpu", why),
         skip("GPU memory balance", f"(max-min)/max <= {MEMORY_SPREAD_MAX:.0%}", why),
         skip("GPU utilisation", f"> {GPU_UTIL_MIN:.0f} % each card", why),
         skip("links (PCIe/NVLink)", f"width x{PCIE_FULL_WIDTH}, gen = max", why),

@@ -24,6 +24,7 @@ from backend.errors import EngineNotReady
 from backend.measure.page_client import NO_VISIBLE_REPLY
 from backend.measure.prompts import prompt_lengths, prompt_of, prompts_of
 from backend.measure.verify.checks import (
+    MPS_SERVER_COMM,
     PromptTiming,
     Report,
     check_jitter,
@@ -72,6 +73,16 @@ def process_parents(proc: Path = Path("/proc")) -> dict[int, int]:
             stat = (entry / "stat").read_text()
             out[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
     return out
+
+
+def mps_server_pids(pids: set[int], proc: Path = Path("/proc")) -> set[int]:
+    """Those of ``pids`` that are NVIDIA's MPS server (by name; none where the PIDs are another namespace's)."""
+    found: set[int] = set()
+    for pid in pids:
+        with suppress(OSError):
+            if (proc / str(pid) / "comm").read_text().strip() == MPS_SERVER_COMM:
+                found.add(pid)
+    return found
 
 
 # ============================================================================ sending prompts
@@ -239,7 +250,8 @@ def run_verify(
         engine_pids = descendants(status.pid, process_parents()) if status.pid else None
         if engine_pids is not None and not engine_pids & {p for r in readings for p in r.pids}:
             engine_pids = None  # NVML shows PIDs of another namespace: cannot tell whose they are
-        checks += [check_processes(readings, engine_pids), check_memory_balance(readings)]
+        mps = mps_server_pids({p for r in readings for p in r.pids})
+        checks += [check_processes(readings, engine_pids, plan.engines_per_gpu, mps), check_memory_balance(readings)]
         with Sampler(nvml, handles) as sampler:
             timings, path = send(sampler)
             with sampler.during("load"):
