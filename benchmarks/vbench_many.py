@@ -1,10 +1,10 @@
-"""On a GPU host: several `vllm bench serve` runs in one process (vLLM's own client, the same
+"""Several `vllm bench serve` runs in one process (vLLM's own client, the same
 code as the CLI), so each run does not pay the ~10 s import of vLLM again. Random 512-token
 prompts, 128-token replies, ``--ignore-eos``, max(32, 4 x C) requests per run; run R uses seed
 crc32(R), so every server meets the same prompts and no run meets the previous run's prompts in the
 prefix cache. One line per run on stdout (and appended to RES/summary.txt), the JSON in RES.
 
-    python3 scripts/vbench_many.py RES TOKENIZER NAME URL SERVED C:RUN [C:RUN ...]
+    .venv-engine/bin/python benchmarks/vbench_many.py RES TOKENIZER NAME URL SERVED C:RUN [C:RUN ...]
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Medians, spread and a PNG of one `gpu-vs-defaults.sh` call, from its `vllm bench serve` JSONs.
+"""Medians, spread and a PNG of one `vs-defaults.sh` run, from its `vllm bench serve` JSONs.
 
 Reads NAME-cC-rR.json (the measured runs; not the warm level or the profile's runs), prints one
 JSON object per server and level (runs, median output tok/s, p99 TTFT range, median TPOT) and
 writes vs-defaults.png beside them: median tok/s per level, the bars' whiskers the slowest and
 fastest run.
 
-    .venv/bin/python scripts/vs_defaults_summary.py docs/benchmarks/h200x1-vs-defaults-13-graphs
+    .venv/bin/python benchmarks/vs_defaults_summary.py OUT
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """What one engine step does on the GPU, from vLLM's torch-profiler traces (one file per engine).
 
-`gpu-vs-defaults.sh` with TRACE=1 starts the plan's engines with ``--profiler-config`` (torch,
-no stacks, the front end left out) and, under load, has each engine record a few dozen steps.
-py-spy showed that two engines under MPS wait for the GPU in 37 % of their engine core's samples
-at 128 concurrent (BENCHMARKS.md); what the GPU does in a step, and whether the two engines'
-kernels overlap or queue, was not known. Per trace this prints:
+`vs-defaults.sh` with TRACE=1 starts the plan's engines with ``--profiler-config`` (torch,
+no stacks, the front end left out) and, under load, has each engine record a few dozen steps: what
+the GPU does in a step, and whether the engines sharing it overlap or queue (BENCHMARKS.md, "Three
+engines per GPU"). Per trace this prints:
 
 - steps: vLLM's per-step annotation (``execute_context_N(..)_generation_M(..)``: N requests
   reading a prompt, M decoding), their count, the median period between step starts, and the
@@ -16,7 +15,7 @@ and over all traces together (the engines sharing one GPU): the share of the com
 which any engine's kernel runs, and in which two run at once. With ``--png FILE`` it draws each
 engine's kernels over the first few milliseconds of the common window: a GPU timeline of steps.
 
-    .venv/bin/python scripts/trace_summary.py [--png FILE] TRACE.json.gz [TRACE ...]
+    .venv/bin/python benchmarks/trace_summary.py [--png FILE] TRACE.json.gz [TRACE ...]
 """
 
 from __future__ import annotations
