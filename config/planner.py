@@ -6,10 +6,11 @@ freezes the draft into a ``Plan``, whose own validator checks the cross-field ru
 
 Where the rules come from:
 - vLLM's own (``config.rules.parallel``): heads, KV heads and MLP widths divisible by tp, ...
-- ../shared/seed/NOTES.md: ``max_num_seqs`` is per engine (per replica), not per GPU;
-  ERNIE-4.5-0.3B is dense (18 KiB of KV per token).
-- Measured on 2 x H200 and with ``tune`` (BENCHMARKS.md): replicas rather than TP for small
-  models, prefill chunks of 8192 on big GPUs, more API servers on hosts with cores to spare.
+- docs/article.md: ``max_num_seqs`` is per engine (per replica), not per GPU; ERNIE-4.5-0.3B is
+  dense (18 KiB of KV per token).
+- Measured (BENCHMARKS.md, one section per rule, cited in each rule's reason): replicas rather than
+  TP for small models, several engines per big GPU, whole-step CUDA graphs, prefill chunks of 8192
+  on big GPUs, more API servers on hosts with cores to spare.
 """
 
 from __future__ import annotations

@@ -32,12 +32,13 @@ def plan_lines(planned: Planned, width: int = 100) -> list[str]:
         pin = " (pinned)" if key in plan.pinned else ""
         head = f"  {key} = {value}{pin}"
         reason = plan.reasons.get(key, "")
-        wrapped = textwrap.wrap(reason, width=width - 8) or [""]
+        wrapped = textwrap.wrap(reason, width=width - 8, break_on_hyphens=False) or [""]
         lines.append(head)
         lines.extend(f"      {w}" for w in wrapped)
     if plan.environment:
         lines.append("  environment: " + " ".join(f"{k}={v}" for k, v in sorted(plan.environment.items())))
-        lines.extend(f"      {w}" for w in textwrap.wrap(plan.reasons.get("environment", ""), width=width - 8))
+        env = plan.reasons.get("environment", "")
+        lines.extend(f"      {w}" for w in textwrap.wrap(env, width=width - 8, break_on_hyphens=False))
     lines.append("")
     lines.append("memory (per GPU)" if plan.device == "cuda" else "memory (CPU engine)")
     for label, value in plan.memory.table():
@@ -49,7 +50,9 @@ def plan_lines(planned: Planned, width: int = 100) -> list[str]:
     if parts:
         lines.append("")
         lines.append(f"nodes ({plan.nodes}):")
-        lines.extend(f"      {w}" for w in textwrap.wrap(plan.reasons.get("nodes", ""), width=width - 8))
+        lines.extend(
+            f"      {w}" for w in textwrap.wrap(plan.reasons.get("nodes", ""), width=width - 8, break_on_hyphens=False)
+        )
         for part in parts:
             lines.append(f"  node {part.node}{' (head)' if part.node == 0 else ''}: {part.runs}")
             lines.append(f"      start: {part.start}")

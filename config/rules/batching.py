@@ -1,7 +1,7 @@
 """Batching: max_num_seqs (sequences per engine step) and max_num_batched_tokens (the prefill chunk).
 
-Measured with ``tune`` on 1 and 2 x H200: prefill chunks of 8192 beat 4096 by 7 % on big GPUs;
-with replicas each one needs room for all users (vLLM's balancer is uneven).
+Prefill chunks of 8192 on big GPUs (BENCHMARKS.md#prefill-chunk); with replicas each one has room for
+all users, since vLLM's balancer is uneven (BENCHMARKS.md#two-gpus-replicas-not-tp).
 """
 
 from __future__ import annotations
@@ -25,19 +25,15 @@ SEQS_FLOOR = {"throughput": 64, "balanced": 16, "latency": 8}
 
 
 def prefill_chunk(objective: str, gpu: GPUInfo) -> tuple[int, str]:
-    """max_num_batched_tokens (prompt tokens per engine step) and why.
-
-    Measured on one H200 (BENCHMARKS.md, tune): 8192 gave 7 % more tokens/s than 4096 at 32
-    concurrent with lower p99 TTFT and ITL, so big GPUs get 8192 unless the objective is latency;
-    vLLM's own server default draws the same line (70 GiB, not A100). Others keep 4096
-    (unmeasured; vLLM uses 2048 there).
-    """
+    """max_num_batched_tokens (prompt tokens per engine step) and why: 8192 on big GPUs unless the
+    objective is latency (BENCHMARKS.md#prefill-chunk; vLLM's own server default draws the same line:
+    70 GiB, not A100); others keep 4096 (unmeasured; vLLM uses 2048 there)."""
     if objective == "throughput":
         return 8192, "large prefill chunks for throughput"
     if objective == "balanced" and gpu.memory_bytes >= BIG_GPU_BYTES and "a100" not in gpu.name.lower():
         return 8192, (
-            f"{gpu.memory_bytes / GIB:.0f} GiB GPU: chunks of 8192 prompt tokens measured 7 % faster than "
-            "4096 on an H200 with no cost to other users' token pace"
+            f"{gpu.memory_bytes / GIB:.0f} GiB GPU: chunks of 8192 prompt tokens gave 1.07x the tokens/s of 4096 "
+            "with a lower p99 TTFT (BENCHMARKS.md#prefill-chunk)"
         )
     return 4096, "prefill chunks of 4096 tokens keep other users' tokens flowing while a long prompt is read"
 
@@ -48,14 +44,13 @@ def gpu_max_num_seqs(draft: Draft, workload: WorkloadSettings, seqs_fit: int, dp
     cap = SEQS_CAP[workload.objective]
     floor = SEQS_FLOOR[workload.objective]
     # Replicas are sized for all users, not their share: vLLM's balancer does not split the load
-    # evenly (2 x H200, 32 concurrent: 16 per replica queued, p99 TTFT 238 ms; 32 per replica:
-    # 110 ms and 14 % more tokens/s, ahead of TP=2).
+    # evenly (BENCHMARKS.md#two-gpus-replicas-not-tp).
     want = max(floor, 4 * workload.users)
     room = (
         f"room for 4x the {workload.users} users"
         if dp == 1
-        else f"room for 4x all {workload.users} users on each of the {dp} replicas, since vLLM's balancer "
-        "does not split them evenly (measured: half that room queued requests on 2 x H200)"
+        else f"room for 4x all {workload.users} users on each of the {dp} replicas (vLLM's balancer splits them "
+        "unevenly, BENCHMARKS.md#two-gpus-replicas-not-tp)"
     )
     seqs_value = max(1, min(seqs_fit, want, cap))
     if seqs_value >= 8:  # a batch size vLLM captures a CUDA graph for (its capture sizes step by 8)
@@ -63,9 +58,8 @@ def gpu_max_num_seqs(draft: Draft, workload: WorkloadSettings, seqs_fit: int, dp
     seqs: int = draft.set(
         "max_num_seqs",
         seqs_value,
-        f"per replica (not per GPU): {room} (at least {floor}, at most {cap} for '{workload.objective}', "
-        "a multiple of 8: a CUDA-graph batch size); "
-        f"KV holds {seqs_fit:,} sequences of {typical} tokens",
+        f"per replica, not per GPU: {room}, {floor}-{cap} for '{workload.objective}'; "
+        f"the KV cache holds {seqs_fit:,} sequences of {typical} tokens",
     )
     if seqs_fit < users_per_replica:
         draft.warnings.append(

@@ -75,8 +75,6 @@ def cpu_engine_core_nice(draft: Draft) -> None:
     draft.set(
         "engine_core_nice",
         CPU_ENGINE_CORE_NICE,
-        "vLLM's engine core busy-waits (sched_yield) on its worker; on few cores it starved the API "
-        "server, so replies reached the page in bursts after seconds-long stalls and Stop landed late. "
-        "At the lowest priority it yields to the API server and the page; the worker keeps full speed "
-        "(measured on 2 cores: 9.6 s stalls gone, Stop to engine idle 0.07 s)",
+        "lowest priority: vLLM's engine core busy-waits on its worker and starved the API server on few cores; "
+        "at nice 19 a long reply's longest stall fell from 10 s to 8 ms (BENCHMARKS.md#engine-core-priority-on-cpu)",
     )

@@ -1,17 +1,10 @@
 """How many vLLM servers share each GPU group, and the memory share each one gets.
 
-For a small model on a big GPU the host side (API server, scheduler, detokenising: about one
-core per engine core) is the ceiling, not the GPU (about 9 % of its memory bandwidth at 128
-concurrent). Measured on one H200 with 16 cores, full-size ERNIE-4.5-0.3B shape, ``vllm bench
-serve`` 512 in / 128 out at 256 concurrent (BENCHMARKS.md, "Several engines on one GPU"): one
-engine 12-20k output tok/s; two engines of 0.42 of the memory each, behind one endpoint,
-31-33k with half the p99 TTFT; through ``serve`` and the router, against ``vllm serve`` defaults
-in the same device call (medians of 3 runs), 1.32x / 1.58x at 128 and 1.62x / 2.25x at 256
-concurrent in two calls on two hosts, with a quarter to a half of their p99 TTFT (2026-12-02). A
-big model keeps one engine per GPU group. Where NVIDIA's MPS is installed the engines run under it
-(``gpu_sharing``): 1.12-1.21x the time-sliced pair, and worth sharing from 64 users (2026-12-04).
-Under MPS with whole steps as CUDA graphs a third engine joins from 128 users: 1.05-1.15x two on an
-H200 and an H100, 1.58-1.71x / 2.55x the defaults at 128 / 256 (2026-12-05).
+For a small model on a big GPU the host side (API server, scheduler, detokenising: about one core
+per engine core) is the ceiling, not the GPU, so several engines share the GPU under heavy load,
+behind the router (BENCHMARKS.md#engines-per-gpu); under NVIDIA's MPS where it is installed
+(BENCHMARKS.md#mps); three under MPS with whole-step CUDA graphs (BENCHMARKS.md#three-engines-per-gpu).
+A big model keeps one engine per GPU group.
 """
 
 from __future__ import annotations
@@ -33,52 +26,34 @@ SHARED_GPU_MIN_BYTES = 70 * GIB
 SHARED_MAX_WEIGHT_BYTES = 4 * GIB
 """Models up to this many bytes of weights per GPU are host-bound on a big GPU."""
 CORES_PER_ENGINE = 8
-"""Host cores one engine with its API servers keeps busy (16 cores: two engines, measured)."""
+"""Host cores one engine with its API servers keeps busy (BENCHMARKS.md#engines-per-gpu)."""
 MAX_ENGINES_PER_GPU = 2
-"""Time-sliced, or under MPS with vLLM's own graphs: three (0.28 of the memory and 2 API servers each)
-gave 0.86x / 0.94x the tokens/s of two (4 API servers each) at 128 / 256 concurrent on one 16-core
-H200 host: the third engine's host side takes the cores the first two's API servers used. Under MPS
-too: three gave 1.13x / 1.79x vLLM's defaults at 128 / 256 (same call), where two gave 1.37x / 2.31x
-on another host."""
+"""Engines per GPU time-sliced, or under MPS with vLLM's own graphs: a third took the cores the first two's
+API servers used (BENCHMARKS.md#three-engines-per-gpu)."""
 WHOLE_STEP_MPS_ENGINES = 3
-"""Under MPS with whole steps as CUDA graphs: three engines (0.28 of the memory and 2 API servers each
-on 16 cores) against two in the same call gave 1.05x / 1.10x the tokens/s at 128 / 256 concurrent on
-one H200 (2026-12-05, spreads overlapping) and 1.13x / 1.15x on one H100 (the same day, every
-three-engine run at 256 above every two-engine run), p99 TTFT alike: a graphed step costs the host
-less, and the GPU, idle 44 % of the time under two engines, has room for a third."""
+"""Engines per GPU under MPS with whole-step CUDA graphs: a graphed step costs the host less, and the GPU,
+idle 44 % of the time under two engines, has room for a third (BENCHMARKS.md#three-engines-per-gpu)."""
 WHOLE_STEP_MPS_MIN_USERS = 128
-"""Users per GPU from which the third engine joins: it was measured at 128 and 256 concurrent only."""
+"""Users per GPU from which the third engine joins: it was measured at 128 and 256 users only
+(BENCHMARKS.md#three-engines-per-gpu)."""
 SHARED_UTILIZATION = 0.84
-"""The GPU's memory share all engines on it take together (two engines: 0.42 each, measured)."""
+"""The GPU's memory share all engines on it take together: 0.42 each for two (BENCHMARKS.md#engines-per-gpu)."""
 SHARED_MIN_USERS = 128
-"""Expected users from which engines share a GPU that the driver time-slices. Two engines on one H200
-gave 1.32-1.58x and 1.62-2.25x vLLM's defaults at 128 and 256 concurrent, but at 16 they gave 0.72x
-one engine direct (4.25k against 5.87k tok/s): two processes time-slice the GPU, and a light load
-gains nothing on the host."""
+"""Users per GPU from which engines share a GPU that the driver time-slices: below, a light load gains
+nothing on the host and the engines wait for each other's turn (BENCHMARKS.md#engines-per-gpu)."""
 SHARED_MIN_USERS_MPS = 64
-"""The same under MPS: two engines against one, same call, medians of 3 (2026-12-04): 0.85x at 16,
-0.91x at 32, 1.09x at 64 concurrent (p50 TTFT 0.6x)."""
-SHARED_MEASURED = (
-    "measured on one H200, 16 cores: 1.32-1.58x / 1.62-2.25x `vllm serve` defaults' tokens/s at 128 / 256 "
-    "concurrent (two device calls) "
-    "with a quarter to a half of their p99 TTFT, but 0.72x one engine at 16, where two processes time-slicing "
-    "the GPU cost more than the host side gains (BENCHMARKS.md)"
-)
-"""The figures behind both answers of :func:`gpu_engines` for a small model on a big GPU, time-sliced."""
-MPS_MEASURED = (
-    "measured on one H200, 16 cores, two engines under MPS: 1.12x / 1.21x / 1.14x the time-sliced pair's "
-    "tokens/s at 16 / 128 / 256 concurrent (each level's slowest MPS run above the fastest time-sliced one), "
-    "0.97-1.37x / 1.56-2.31x `vllm serve` defaults' at 128 / 256 on four hosts with 0.2-0.85x their p99 TTFT, "
-    "and against one engine 0.91x at 32, 1.09x at 64 (BENCHMARKS.md)"
-)
-"""The figures behind MPS: the sharing itself and the lower threshold of users."""
+"""Users per GPU from which engines share a GPU under MPS (BENCHMARKS.md#mps)."""
+SHARED_MEASURED = "two time-sliced engines gave 0.72x one at 16 users, 1.58x / 2.25x `vllm serve` at 128 / 256"
+"""The figure behind sharing a time-sliced GPU, or not (BENCHMARKS.md#engines-per-gpu)."""
+MPS_MEASURED = "under MPS two engines gave 0.91x one at 32 users, 1.09x at 64"
+"""The figure behind sharing a GPU under MPS, or not (BENCHMARKS.md#mps)."""
+MPS_GAIN = "1.12-1.21x the tokens/s of the same engines time-sliced (BENCHMARKS.md#mps)"
+"""The figure behind MPS itself."""
 WHOLE_STEP_MPS_MEASURED = (
-    "measured under MPS with whole-step graphs, 16 cores, the same call each: three engines 1.05x / 1.10x two's "
-    "tokens/s at 128 / 256 concurrent on one H200 and 1.13x / 1.15x on one H100, and 1.58x (H200) and 1.71x / "
-    "2.55x (H100) `vllm serve` defaults' at 128 / 256 with about half their p99 TTFT at 128, a quarter at 256 "
-    "(BENCHMARKS.md)"
+    "under MPS with whole-step graphs three gave 1.05-1.15x the tokens/s of two at 128 and 256 users "
+    "(BENCHMARKS.md#three-engines-per-gpu)"
 )
-"""The figures behind the third engine."""
+"""The figure behind the third engine."""
 
 
 def uses_mps(draft: Draft, hardware: Hardware) -> bool:
@@ -104,7 +79,11 @@ def gpu_engines(
     share the users (each node running its own replicas), else 1."""
     cores = hardware.node.cpu_cores
     mps = uses_mps(draft, hardware)
-    min_users, measured = (SHARED_MIN_USERS_MPS, MPS_MEASURED) if mps else (SHARED_MIN_USERS, SHARED_MEASURED)
+    min_users, measured = (
+        (SHARED_MIN_USERS_MPS, f"{MPS_MEASURED} (BENCHMARKS.md#mps)")
+        if mps
+        else (SHARED_MIN_USERS, f"{SHARED_MEASURED} (BENCHMARKS.md#engines-per-gpu)")
+    )
     per_group_cores = cores // max(groups, 1)
     # The thresholds were measured as load on one GPU; the users are spread over every GPU group.
     all_groups = max(groups, 1) * nodes
@@ -130,14 +109,12 @@ def gpu_engines(
     elif users < min_users:
         n, why = (
             1,
-            f"one engine per GPU for {per_gpu}: {fit} would share it from {min_users} users per GPU ({measured})",
+            f"one engine per GPU for {per_gpu}: {fit} would share it from {min_users} users per GPU; {measured}",
         )
     elif third and users >= WHOLE_STEP_MPS_MIN_USERS and pinned_share * WHOLE_STEP_MPS_ENGINES <= 0.95:
         n, why = (
             WHOLE_STEP_MPS_ENGINES,
-            f"{WHOLE_STEP_MPS_ENGINES} engines per GPU: a {weights / GIB:.2g} GiB model leaves a big GPU mostly "
-            f"idle and one engine's host side is the ceiling; under MPS with whole steps as CUDA graphs "
-            f"{per_group_cores} cores feed {WHOLE_STEP_MPS_ENGINES} (16 fed three); {WHOLE_STEP_MPS_MEASURED}",
+            f"{WHOLE_STEP_MPS_ENGINES} engines per GPU for {per_gpu}: {WHOLE_STEP_MPS_MEASURED}",
         )
     else:
         if not third:
@@ -148,8 +125,7 @@ def gpu_engines(
             later = f"; a third would join, but you pinned gpu_memory_utilization={pinned_share} (x3 > 0.95)"
         n, why = (
             fit,
-            f"{fit} engines per GPU: a {weights / GIB:.2g} GiB model leaves a big GPU mostly idle and one engine's "
-            f"host side is the ceiling; {per_group_cores} cores feed {fit} ({CORES_PER_ENGINE} each); "
+            f"{fit} engines per GPU for {per_gpu}, {CORES_PER_ENGINE} of the {per_group_cores} cores each: "
             f"{measured}{later}",
         )
     return int(draft.set("engines_per_gpu", n, why))
@@ -164,16 +140,16 @@ def gpu_sharing(draft: Draft, hardware: Hardware, engines: int) -> str:
             draft.set(
                 "gpu_sharing",
                 "mps",
-                f"the {engines} engines' kernels run at once through NVIDIA's MPS (a daemon of your own that `serve` "
-                f"starts and quits) instead of taking turns; {MPS_MEASURED}",
+                f"the {engines} engines' kernels run at once under NVIDIA's MPS (a daemon `serve` starts and quits): "
+                f"{MPS_GAIN}",
             )
         )
     return str(
         draft.set(
             "gpu_sharing",
             "time-slice",
-            f"the driver time-slices the GPU between the {engines} engines: nvidia-cuda-mps-control, which would "
-            f"run them at once, is not installed here ({MPS_MEASURED})",
+            f"the driver time-slices the GPU between the {engines} engines: nvidia-cuda-mps-control is not installed "
+            f"here (MPS gave {MPS_GAIN})",
         )
     )
 
@@ -187,7 +163,8 @@ def share_memory(draft: Draft, engines: int, smallest: GPUInfo, weights: int) ->
     util = draft.set(
         "gpu_memory_utilization",
         share,
-        f"{share} of the GPU for each of the {engines} engines sharing it ({SHARED_UTILIZATION} together, measured)",
+        f"{share} of the GPU for each of the {engines} engines sharing it, {SHARED_UTILIZATION} together "
+        "(BENCHMARKS.md#engines-per-gpu)",
     )
     if engines * util > 0.95:
         raise PlanError(

@@ -1,7 +1,8 @@
-"""The front end: how many API server processes, and whether vLLM schedules asynchronously.
+"""The front end: API server processes, the stream interval, async scheduling and the page's processes.
 
-The host CPU sets the ceiling for small models (API server processes): more of them on hosts
-with the cores to spare. The chat page's own stream settings (``app.stream_interval_ms``) are
+The host CPU sets the ceiling for small models: more API server processes on hosts with the cores to
+spare (BENCHMARKS.md#api-servers-and-stream-interval), several page processes under many chats
+(BENCHMARKS.md#page-processes). The chat page's own stream settings (``app.stream_interval_ms``) are
 settings, not plan values, and live in ``config.settings``.
 """
 
@@ -28,7 +29,7 @@ def host_bound(model: ModelSpec) -> bool:
 ASYNC_EXECUTORS = ("uni", "mp")
 """vLLM's executors that schedule asynchronously (``supports_async_scheduling`` in vLLM 0.24; Ray's does not)."""
 PAGE_USERS_PER_PROCESS = 16
-"""Chats one page process sets up in time: at 16 at once its first-token cost was floor + 6 ms."""
+"""Chats one page process sets up in time (BENCHMARKS.md#page-processes)."""
 
 
 def gpu_frontend(
@@ -50,9 +51,9 @@ def gpu_frontend(
         per_engine = cores // (dp * engines)
         count = max(1, min(4, per_engine // 2))
         reason = (
-            f"{count} API server processes for each of the {dp * engines} engines: {per_engine} cores each, half "
-            "of them, rounded down, at most 4 (measured on a 16-core H200 host, 2 engines: 4 each gave 1.08x at 128 "
-            "and 1.14x at 256 concurrent over 3 each)"
+            f"{count} API server processes for each of the {dp * engines} engines, half of its {per_engine} cores, "
+            "at most 4: 4 gave 1.08x / 1.14x the tokens/s of 3 at 128 / 256 users "
+            "(BENCHMARKS.md#api-servers-and-stream-interval)"
         )
     else:
         count = dp
@@ -60,17 +61,17 @@ def gpu_frontend(
         if small and workload.objective != "latency" and cores >= 16 and hardware.nodes == 1:
             count = max(dp, min(4, cores // 4))
             reason = (
-                f"small model on {cores} cores: HTTP, tokenising and detokenising set the ceiling, so {count} "
-                "API server processes (measured 1.3x at 128 concurrent on a 16-core H200 host)"
+                f"small model on {cores} cores: HTTP and (de)tokenising set the ceiling, so {count} API server "
+                "processes (4 gave 1.34x one at 128 users, BENCHMARKS.md#api-servers-and-stream-interval)"
             )
     draft.set("api_server_count", count, reason)
     interval = 16 if small else 1
     draft.set(
         "stream_interval",
         interval,
-        "16 tokens per streamed chunk: a small model's tokens come faster than one API server can send them one "
-        "by one (measured with 16: 1.3-1.6x tokens/s at 256 concurrent on one H200); the page joins chunks "
-        "every 30 ms anyway"
+        "16 tokens per streamed chunk: a small model's tokens come faster than an API server sends them one by "
+        "one (with 4 API servers: 1.36-1.50x vLLM's defaults at 256 users, "
+        "BENCHMARKS.md#api-servers-and-stream-interval)"
         if interval > 1
         else "every token as it comes: a big model's tokens are slow enough to send one by one",
     )
@@ -79,9 +80,8 @@ def gpu_frontend(
         draft.set(
             "async_scheduling",
             True,
-            "the next step is scheduled while the GPU runs this one (measured off on one H200, two engines: "
-            "0.78x / 0.88x the tokens/s at 128 / 256 concurrent, medians of 3); vLLM (0.24) turns it on by itself "
-            "with this executor, so it is passed explicitly to make the plan what runs; `tune` measures it off",
+            "the next step is scheduled while the GPU runs this one: off gave 0.78x / 0.88x the tokens/s at "
+            "128 / 256 users (BENCHMARKS.md#async-scheduling); passed explicitly, as vLLM turns it on by itself",
         )
     else:
         draft.set("async_scheduling", False, f"the {backend} executor does not schedule asynchronously")
@@ -97,9 +97,8 @@ def page_processes(draft: Draft, hardware: Hardware, model: ModelSpec, workload:
         draft.set(
             "page_processes",
             count,
-            f"{workload.users} users of a small model on {cores} cores: one page process sets up every message on "
-            f"one event loop (about 10 ms of CPU each on an H200 host: 64 chats at once wait ~300 ms for it), so "
-            f"{count} page processes, each client address on one",
+            f"{count} page processes for {workload.users} users, each client address on one: one event loop sets up "
+            "every message, and 4 gave 0.92x direct's tokens/s at 64 chats, one 0.55x (BENCHMARKS.md#page-processes)",
         )
     else:
         draft.set(

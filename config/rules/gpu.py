@@ -121,7 +121,7 @@ def gpu_engine_core_nice(draft: Draft, hardware: Hardware) -> None:
     draft.set(
         "engine_core_nice",
         0,
-        f"engine core at normal priority on this {hardware.node.cpu_cores}-core GPU host: its busy-wait starved "
-        "the API server on a 2-core CPU engine, unmeasured on GPU hosts; pin engine_core_nice=19 if replies "
-        "arrive in bursts",
+        f"normal priority on this {hardware.node.cpu_cores}-core GPU host: the engine core's busy-wait starved the "
+        "API server on a 2-core CPU engine only (BENCHMARKS.md#engine-core-priority-on-cpu); pin 19 if replies "
+        "come in bursts",
     )

@@ -4,9 +4,8 @@ vLLM 0.24's own choice (``FULL_AND_PIECEWISE``, steps up to 2 x max_num_seqs and
 tokens) graphs pure decode steps only as a whole. Under load nearly every step also reads a new
 prompt (at 128 concurrent with 128-token replies, one request ends and one starts per step), and
 a step of one 512-token prompt beside the running sequences' next tokens is over 512 tokens: it
-runs without graphs. On one H200 with a small model, graphing those steps too (``FULL``, steps up
-to 1024 tokens) gave 1.24x / 1.19x the tokens/s at 128 / 256 concurrent (BENCHMARKS.md, "Whole
-steps as CUDA graphs").
+runs without graphs. For a small model on Hopper and later the plan graphs those steps too (``FULL``,
+steps up to 1024 tokens; BENCHMARKS.md#whole-step-cuda-graphs).
 """
 
 from __future__ import annotations
@@ -24,7 +23,8 @@ FULL_GRAPH_CAPABILITY = (9, 0)
 """Hopper and later: vLLM runs FlashAttention 3 there, whose attention it can capture in a graph for
 steps that mix prompts and decodes (``AttentionCGSupport.ALWAYS``); FA2 on older GPUs cannot."""
 GRAPH_TOKENS = 1024
-"""Largest step captured: one 512-token prompt beside up to 512 sequences' next tokens (measured)."""
+"""Largest step captured: one 512-token prompt beside up to 512 sequences' next tokens
+(BENCHMARKS.md#whole-step-cuda-graphs)."""
 
 
 def _why_not_whole_steps(gpus: list[GPUInfo], model: ModelSpec) -> str:
@@ -56,10 +56,8 @@ def gpu_graphs(draft: Draft, gpus: list[GPUInfo], model: ModelSpec, max_num_batc
         mode = draft.set(
             "cudagraph_mode",
             "FULL",
-            "whole steps as CUDA graphs, those that read a prompt too (vLLM's own FULL_AND_PIECEWISE graphs only "
-            "pure decode steps whole): a small model's steps are short, so launching their kernels one by one "
-            "costs; measured on one H200, two engines: 1.24x / 1.19x the tokens/s at 128 / 256 concurrent, "
-            "with max_cudagraph_capture_size 1024",
+            "whole steps as CUDA graphs, those that read a prompt too (vLLM's own graphs only pure decode steps "
+            "whole): 1.24x / 1.19x the tokens/s at 128 / 256 users (BENCHMARKS.md#whole-step-cuda-graphs)",
         )
     if mode == "auto":
         draft.set("max_cudagraph_capture_size", 0, "vLLM's own: 2 x max_num_seqs, at most 512 tokens")
@@ -68,8 +66,8 @@ def gpu_graphs(draft: Draft, gpus: list[GPUInfo], model: ModelSpec, max_num_batc
     draft.set(
         "max_cudagraph_capture_size",
         size,
-        f"steps of up to {size} tokens replayed as graphs: one 512-token prompt beside the running sequences' next "
-        "tokens is over vLLM's own 512; measured with 1024 (0.6 GiB of graphs per engine, 3 s to capture)",
+        f"steps of up to {size} tokens as graphs: one 512-token prompt beside the running sequences is over vLLM's "
+        "own 512; 1024 took 0.6 GiB per engine (BENCHMARKS.md#whole-step-cuda-graphs)",
     )
 
 

@@ -5,14 +5,12 @@ tp % KV heads == 0 (KV heads are then replicated: no KV memory saved); MLP width
 tp; tp <= GPUs per node; pp <= layers. One engine over several nodes runs on vLLM's own ``mp``
 executor (``--nnodes``/``--node-rank``, vLLM >= 0.24; its CPU platform refuses Ray).
 
-Several nodes (../shared/seed/NOTES.md rows 7-8): a model that fits on one node gets the one-node
+Several nodes (docs/article.md, row 7): a model that fits on one node gets the one-node
 plan on every node (its engines behind the router on the head: nothing crosses the network but
 requests); only a model too big for one node is split, TP inside a node over its fast links and
 one pipeline stage per node, so only activations cross the network.
 
-Measured on 2 x H200 (BENCHMARKS.md): for a model this small, two replicas gave 1.4x the
-throughput of TP=2 at 128 concurrent requests and TP=2 was slower than one GPU at concurrency
-1, so small models get replicas, not TP, whatever the objective.
+Small models get replicas, not TP, whatever the objective (BENCHMARKS.md#two-gpus-replicas-not-tp).
 """
 
 from __future__ import annotations
@@ -30,7 +28,8 @@ from config.settings import WorkloadSettings
 if TYPE_CHECKING:
     from config.planner import Draft
 
-# Below this much weight per GPU, decoding is too short for TP's all-reduces to pay off.
+# Below this much weight per GPU, decoding is too short for TP's all-reduces to pay off
+# (BENCHMARKS.md#two-gpus-replicas-not-tp).
 LATENCY_TP_MIN_WEIGHT_BYTES = 4 * GIB
 
 
@@ -217,8 +216,8 @@ def choose_parallel(
     per_gpu = weights_per_gpu(model, tp_min, pp)
     link = hardware.link_of([g.index for g in gpus[: max(2, tp_min)]])
     reason = (
-        f"smallest TP at which the weights ({per_gpu / GIB:.2f} GiB per GPU) and a {min_tokens:,}-token "
-        f"context fit; other GPUs serve as replicas"
+        f"smallest TP that holds the weights ({per_gpu / GIB:.2f} GiB per GPU) and a {min_tokens:,}-token "
+        f"context; other GPUs serve as replicas"
     )
     if tp_min > 1:
         reason = f"the model needs {tp_min} GPUs' memory ({per_gpu / GIB:.1f} GiB each at TP={tp_min})"
@@ -238,8 +237,8 @@ def choose_parallel(
             )
     elif tp_min == 1 and gpn > 1 and pinned_tp is None:
         reason += (
-            f"; TP would add an all-reduce per layer for a {model.weight_bytes() / GIB:.2f} GiB model "
-            "(measured on 2xH200: TP=2 slower than one GPU at concurrency 1, 1.4x below two replicas at 128)"
+            f": for a {model.weight_bytes() / GIB:.2f} GiB model two replicas gave 1.39x TP=2's tokens/s at 128 "
+            "users (BENCHMARKS.md#two-gpus-replicas-not-tp)"
         )
     tp = draft.set("tensor_parallel_size", tp, reason)
     pp = draft.set(
@@ -369,8 +368,8 @@ def choose_replicas(draft: Draft, hardware: Hardware, tp: int, pp: int, gpn: int
         MULTI_NODE_EXECUTOR
         if split
         else {
-            "uni": "one GPU per engine: no worker process needed (the mp executor at TP=1 measured 1.01x / 1.02x "
-            "the tokens/s at 128 / 256 concurrent on one H200 for two more busy cores per engine)",
+            "uni": "one GPU per engine: no worker process (mp gave 1.01x / 1.02x the tokens/s at 128 / 256 users "
+            "for two more busy cores per engine, BENCHMARKS.md#executor)",
             "mp": "one node: Python multiprocessing is vLLM's default and right here; Ray adds nothing",
         }[backend],
     )

@@ -191,7 +191,7 @@ def test_a_second_process_on_a_gpu_fails_and_is_named() -> None:
 
 def test_engines_sharing_a_gpu_under_mps_pass_with_the_mps_server_beside_them() -> None:
     """Three engines per GPU under MPS: NVML lists the three and NVIDIA's MPS server (one H100,
-    nvidia-smi in BENCHMARKS.md's "Three engines again"); the server is not counted."""
+    nvidia-smi of BENCHMARKS.md#three-engines-per-gpu); the server is not counted."""
     engines = {5408, 5948, 6482}
     three = [reading(0, [5408, 5652, 5948, 6482], 70)]
     check = check_processes(three, engine_pids=engines | {5652}, per_gpu=3, mps_pids={5652})
