@@ -17,6 +17,7 @@ from support.services import ROOT
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from playwright.sync_api import Browser, Playwright, WebSocketRoute
     from support.services import Engine
 
     from backend.runtime.up import ChatPage
@@ -35,6 +36,15 @@ CHROMIUM_ARGS = [
 ]
 
 
+needs_chromium = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="needs Debian's chromium: apt-get install -y chromium"
+)
+
+
+def launch(pw: Playwright) -> Browser:
+    return pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+
+
 @pytest.fixture
 def greedy_page(engine: Engine, tmp_path: Path) -> Iterator[ChatPage]:
     """The page's defaults made greedy: the demo model's sampled reply to this prompt sometimes ends
@@ -44,13 +54,13 @@ def greedy_page(engine: Engine, tmp_path: Path) -> Iterator[ChatPage]:
     page.stop()
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium: apt-get install -y chromium")
+@needs_chromium
 def test_browser_types_and_sees_streamed_reply_with_footer(greedy_page: ChatPage, tmp_path: Path) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     frames: list[str] = []
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        browser = launch(pw)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 860})
             page.on("websocket", lambda ws: ws.on("framereceived", lambda f: frames.append(str(f))))
@@ -83,3 +93,57 @@ def test_browser_types_and_sees_streamed_reply_with_footer(greedy_page: ChatPage
     )
     if os.environ.get("UPDATE_SCREENSHOT") == "1":
         shutil.copyfile(shot, ROOT / "docs" / "screenshot.png")
+
+
+class HeldSocket:
+    """The page's socket held back until :meth:`release`: a slow connection, so that a message
+    is sent before it is up on every load (a fast one makes that a race of a few hundred ms)."""
+
+    def __init__(self) -> None:
+        self.held: list[WebSocketRoute] = []
+        self.released = False
+
+    def route(self, ws: WebSocketRoute) -> None:
+        if self.released:
+            ws.connect_to_server()
+        else:
+            self.held.append(ws)
+
+    def release(self) -> None:
+        self.released = True
+        for ws in self.held:
+            ws.connect_to_server()
+
+
+@needs_chromium
+def test_browser_message_sent_before_the_socket_is_up_is_kept_then_answered(greedy_page: ChatPage) -> None:
+    """Sent the instant the box shows, before the socket is connected: the message stays in the
+    box under a notice, then is sent once (the composer ignored Enter until then, and the
+    welcome box it was typed in is replaced when the page's first message arrives)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    text = "Tell me about lakes."
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        try:
+            for _ in range(3):  # three page loads
+                page = browser.new_page(viewport={"width": 1280, "height": 860})
+                socket = HeldSocket()
+                page.route_web_socket(lambda url: "/ws/socket.io/" in url, socket.route)
+                page.goto(greedy_page.url)
+                box = page.locator("#chat-input")
+                box.wait_for(timeout=60_000)
+                box.fill(text)
+                box.press("Enter")
+                notice = page.locator("#erniechat-pending")
+                expect(notice).to_contain_text("will be sent as soon as the page is connected")
+                expect(box).to_have_value(text)
+                socket.release()
+                footer = page.get_by_text(FOOTER).filter(has_text="· 32 tokens ·")  # the page's max_tokens here
+                expect(footer).to_be_visible(timeout=120_000)
+                expect(page.get_by_text(text, exact=True)).to_have_count(1)  # sent once
+                expect(box).to_have_value("")
+                expect(notice).to_have_count(0)
+                page.close()
+        finally:
+            browser.close()
