@@ -9,12 +9,12 @@ messages. Start it with ``python -m backend up`` (or ``python -m backend.page.la
 
 import asyncio
 import contextlib
-import hmac
 import time
 import traceback
 
 import chainlit as cl
 from chainlit.input_widget import Slider, TextInput
+from fastapi import HTTPException
 
 from backend.engine_api import ChatResult
 from backend.errors import ChatError, EngineDown, EngineTimeout, ErniechatError, TooLong
@@ -23,7 +23,7 @@ from backend.page import chainlit_internals as internals
 from backend.page.history import valid_text
 from backend.page.link import EngineLink
 from backend.page.render import footer, progress_line, render_page, with_footer, write_if_changed
-from backend.page.sampling import Sampling
+from backend.page.sampling import Sampling, checked, knobs
 from backend.page.stream import stream_reply
 from backend.runtime.status import EngineStatus
 from config.settings import ROOT, load_settings
@@ -32,6 +32,7 @@ settings = load_settings()
 link = EngineLink(settings)
 internals.set_socket_pings(settings.app.ping_interval_s, settings.app.ping_timeout_s)
 internals.set_max_message_bytes(16 * 1024 * 1024)  # a paste up to uvicorn's own websocket cap reaches the page
+internals.guard_socket_events()  # a malformed message or settings payload is answered in words
 TEMPLATE = (ROOT / "chainlit.md").read_text(encoding="utf-8")
 PAGE = link.run_dir.page_dir
 DEMO = "⚠️ **Demo model: random weights.** Answers are noise; serve real weights with `--model`."
@@ -68,17 +69,24 @@ async def startup() -> None:
 
 try:
     login_on = auth.enable_login(settings, internals.bind_host())
-except ErniechatError as err:  # exposed without login: the page does not start, and says how to set it
+except ErniechatError as err:  # exposed without a good login: the page does not start, and says how to set it
     raise SystemExit(f"error: {err}") from None
+if weak := auth.weak_password_warning(settings):
+    print(f"chat page: {weak}", flush=True)
 
 if login_on:
+    throttle = auth.LoginThrottle()
 
-    @cl.password_auth_callback
     async def login(username: str, password: str) -> cl.User | None:
-        expected = settings.app.users.get(username)
-        if expected is not None and hmac.compare_digest(expected.encode(), password.encode()):
-            return cl.User(identifier=username, metadata={"provider": "password"})
-        return None
+        """A user's login; refused unchecked (HTTP 429, with Retry-After) while the name or the client's
+        address is locked after failed logins."""
+        try:
+            good = auth.check_login(settings, throttle, username, password, internals.client_address())
+        except auth.TooManyLogins as err:
+            raise HTTPException(429, str(err), headers={"Retry-After": str(err.retry_after)}) from None
+        return cl.User(identifier=username, metadata={"provider": "password"}) if good else None
+
+    internals.use_password_login(login)
 
 
 @cl.set_starters
@@ -116,10 +124,9 @@ async def start() -> None:
     a = settings.app
     await cl.ChatSettings(
         [
-            Slider(id="temperature", label="Temperature", initial=a.temperature, min=0, max=2, step=0.05),
-            Slider(id="top_p", label="Top-p", initial=a.top_p, min=0.05, max=1, step=0.05),
-            Slider(
-                id="max_tokens", label="Max tokens (reply)", initial=a.max_tokens, min=16, max=max(4096, a.max_tokens)
+            *(
+                Slider(id=k.key, label=k.label, initial=getattr(a, k.key), min=k.low, max=k.high, step=k.step)
+                for k in knobs(settings)
             ),
             TextInput(id="system_prompt", label="System prompt", initial=a.system_prompt, multiline=True),
         ]
@@ -246,6 +253,18 @@ async def on_chat_end() -> None:
 @cl.on_stop
 async def on_stop() -> None:
     internals.stop_missed_reply()
+
+
+@cl.on_settings_update
+async def settings_update(values: dict[str, object]) -> None:
+    """Keep the chat settings within the sliders' ranges, and say what a script's values were turned
+    into (the sliders themselves send none out of range)."""
+    clean, said = checked(values, cl.user_session.get("checked_settings") or {}, settings)
+    chat_settings: dict[str, object] = cl.user_session.get("chat_settings")
+    chat_settings.update(clean)
+    cl.user_session.set("checked_settings", dict(chat_settings))
+    for sentence in said:
+        await cl.Message(content=f"⚠️ {sentence}").send()
 
 
 @cl.on_message

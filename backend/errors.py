@@ -106,7 +106,12 @@ class TooLong(ChatError):
             f"{reply_budget:,} are kept for the reply (Max tokens in the settings)"
         )
         kept = f"Your earlier conversation ({kept_turns} turn{'s' if kept_turns != 1 else ''}) is kept."
-        if system_tokens > limit:
+        if reply_budget >= window:
+            text = (
+                f"**Max tokens** in the chat settings ({reply_budget:,}) leaves no room for your message in the "
+                f"model's {window:,}-token context. Your message was **not sent**; lower Max tokens. {kept}"
+            )
+        elif system_tokens > limit:
             text = (
                 f"The **system prompt** in the chat settings is too long: it needs **{system_tokens:,} tokens** "
                 f"on its own, but {room}. Your message was **not sent**; shorten the system prompt. {kept}"

@@ -8,6 +8,7 @@ Unknown keys and bad values are errors that name the key and what is allowed.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import tomllib
@@ -51,6 +52,17 @@ JSON_EXAMPLES = {
 """The shape a JSON-valued environment variable takes, shown when its value is not JSON."""
 
 
+def is_loopback(host: str) -> bool:
+    """True when a server bound to ``host`` is reachable from this machine only."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost: may resolve to anything
+
+
 def _union_args(annotation: Any) -> tuple[Any, ...]:
     return get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
 
@@ -91,6 +103,7 @@ class EngineSettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     api_key: str | None = None
+    """Bearer key vLLM asks of every request (``VLLM_API_KEY``); required when ``host`` is beyond loopback."""
     hardware: str = "auto"
     """``auto`` (detect), a shipped profile name, or a profile file."""
     run_dir: Path = ROOT / ".run"
@@ -309,7 +322,7 @@ def load_settings(overrides: dict[str, Any] | None = None) -> Settings:
     if path is not None and not path.is_file():
         raise SettingsError(f"settings file {path} (from {CONFIG_ENV}) does not exist")
     try:
-        return Settings(**_nest(overrides))
+        settings = Settings(**_nest(overrides))
     except ValidationError as err:
         loc = [str(p) for p in err.errors()[0]["loc"]]
         source = _source_of(loc, overrides, path)
@@ -318,6 +331,26 @@ def load_settings(overrides: dict[str, Any] | None = None) -> Settings:
         raise SettingsError(f"environment variables {ENV_PREFIX}*: {err}") from None
     except (OSError, ValueError) as err:  # TOML syntax errors arrive as ValueError
         raise SettingsError(f"settings file {path}: {err}") from None
+    why = engine_exposed_without_key(settings)
+    if why:
+        raise SettingsError(f"bad setting{_source_of(['engine', 'host'], overrides, path)}: {why}")
+    return settings
+
+
+def engine_exposed_without_key(settings: Settings) -> str | None:
+    """Why the engine must not start (vLLM would answer anyone beyond this machine, unauthenticated),
+    or None. The page's own host has the same rule, with a login (``backend/page/auth.py``)."""
+    e = settings.engine
+    if e.api_key or is_loopback(e.host):
+        return None
+    return (
+        f"engine.host: the engine would listen on {e.host}, beyond this machine, so it needs an API key "
+        "(vLLM answers every request that reaches it), but engine.api_key is not set. Set it, in the environment:\n"
+        "  ERNIECHAT_ENGINE__API_KEY=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')\n"
+        'or in a settings file named by ERNIECHAT_CONFIG: [engine] api_key = "<a long random string>"\n'
+        "or keep the engine on this machine (the page and the router reach it there): "
+        "ERNIECHAT_ENGINE__HOST=127.0.0.1."
+    )
 
 
 def _nest(flat: dict[str, Any]) -> dict[str, Any]:

@@ -8,18 +8,30 @@
 - Sessions: ``session.current_task`` is the running handler (Stop cancels it),
   ``session.socket_id`` changes when a tab reconnects, and ``session.to_clear`` is set when
   "New chat" clears the session (nothing will reconnect to it).
+- Socket events: ``sio.handlers["/"][event]`` is looked up on each event. Chainlit's
+  ``client_message`` reads ``payload["message"]["id"]`` (a UUID version 4), ``["output"]`` and
+  ``["createdAt"]``, and its ``chat_settings_change`` calls ``settings.items()``: anything else
+  failed with Python's own words (``'message'``) shown in the chat, or only in the log.
+- Login: ``/login`` awaits ``config.code.password_auth_callback(username, password)``; the
+  decorator ``cl.password_auth_callback`` wraps it so that any exception becomes a failed login
+  (401, its traceback in the log). The client's address comes from the request, through an ASGI
+  middleware on ``chainlit.server.app``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable, Coroutine
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 import chainlit as cl
 from chainlit.config import config as chainlit_config
-from chainlit.server import sio
+from chainlit.context import init_ws_context
+from chainlit.server import app, sio
+from chainlit.session import WebsocketSession
 
 
 def set_socket_pings(interval_s: float, timeout_s: float) -> None:
@@ -143,3 +155,94 @@ def answering() -> asyncio.Task[Any] | None:
     """The task writing this chat's reply, while it runs."""
     task: asyncio.Task[Any] | None = getattr(cl.context.session, ANSWERING, None)
     return task if task is not None and not task.done() else None
+
+
+_client_address: ContextVar[str] = ContextVar("erniechat_client_address", default="")
+
+
+class _NoteClientAddress:
+    """ASGI middleware: the HTTP request's client address, for the login callback (Chainlit gives it
+    only the user name and password)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        token = _client_address.set(str(client[0]) if client else "")
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _client_address.reset(token)
+
+
+def use_password_login(check: Callable[[str, str], Coroutine[Any, Any, cl.User | None]]) -> None:
+    """Turn the password login on with ``check``, unwrapped: an HTTPException it raises (429 for too
+    many failed logins) is the answer, and :func:`client_address` works in it. Before the server starts."""
+    chainlit_config.code.password_auth_callback = check
+    app.add_middleware(_NoteClientAddress)
+
+
+def client_address() -> str:
+    """The address of the HTTP client being served ('' outside a request)."""
+    return _client_address.get()
+
+
+def unreadable_message(payload: Any) -> str | None:
+    """Why a ``client_message`` payload is not a message Chainlit can read, or None."""
+    if not isinstance(payload, dict):
+        return "it is not a chat message"
+    step = payload.get("message")
+    if not isinstance(step, dict):
+        return "it has no message"
+    if not isinstance(step.get("id"), str):
+        return "it has no id"
+    try:
+        if uuid.UUID(step["id"]).version != 4:
+            raise ValueError
+    except ValueError:
+        return "its id is not a random UUID"
+    if not isinstance(step.get("output"), str):
+        return "it has no text"
+    if "createdAt" not in step:
+        return "it has no creation time"
+    files = payload.get("fileReferences")
+    if files is not None and not (isinstance(files, list) and all(isinstance(f, dict) and "id" in f for f in files)):
+        return "its attachments cannot be read"
+    return None
+
+
+async def _say(sid: str, text: str) -> None:
+    """A message to the chat on socket ``sid`` (none when it is not a chat's socket)."""
+    session = WebsocketSession.get(sid)
+    if session is None:
+        return
+    init_ws_context(session)
+    await cl.Message(content=f"⚠️ {text}").send()
+
+
+def guard_socket_events() -> None:
+    """Answer a malformed ``client_message`` or ``chat_settings_change`` with one plain sentence,
+    before Chainlit's handler fails on it with Python's own words."""
+    handlers = sio.handlers["/"]
+    chainlit_message, chainlit_settings = handlers["client_message"], handlers["chat_settings_change"]
+
+    async def client_message(sid: str, *args: Any) -> None:
+        payload = args[0] if len(args) == 1 else args
+        why = unreadable_message(payload)
+        if why is None:
+            await chainlit_message(sid, payload)
+        else:
+            await _say(sid, f"That message could not be read ({why}); nothing was sent to the engine.")
+
+    async def chat_settings_change(sid: str, *args: Any) -> None:
+        values = args[0] if len(args) == 1 else args
+        if isinstance(values, dict):
+            await chainlit_settings(sid, values)
+        else:
+            await _say(sid, "Those chat settings could not be read (they are not named values); nothing was changed.")
+
+    handlers["client_message"], handlers["chat_settings_change"] = client_message, chat_settings_change

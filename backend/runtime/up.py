@@ -19,7 +19,7 @@ import httpx
 
 from backend.engine_api import local_host
 from backend.errors import ErniechatError
-from backend.page.auth import exposed_without_login
+from backend.page.auth import exposed_without_login, login_note, login_on, weak_password_warning
 from backend.runtime.child_tmp import OwnTmp
 from backend.runtime.leftovers import stop_leftovers
 from backend.runtime.process import IN_USE, ChildGroup, bind_problem
@@ -161,8 +161,11 @@ def run_up(settings: Settings) -> int:
         if why:
             print(f"error: {why}", file=sys.stderr)
             return 1
-        if settings.app.users:  # a page with login: this client has no session cookie
-            print("note: the page has login: its first use is paid by the first user", flush=True)
+        print(login_note(settings), flush=True)
+        if weak := weak_password_warning(settings):
+            print(weak, flush=True)
+        if login_on(settings):  # this client has no session cookie
+            print("note: the page's first use is paid by the first user to log in", flush=True)
         elif (why := page.pay_first_use()) is not None:
             print(f"note: the page's first chat failed ({why}); the first user pays for its first use", flush=True)
         print(f"chat: {page.url}", flush=True)

@@ -166,3 +166,35 @@ def test_numbers_from_env_strings_still_work(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("ERNIECHAT_APP__TEMPERATURE", "0.5")
     s = load_settings()
     assert (s.engine.port, s.app.temperature) == (8001, 0.5)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.20", "engine.example.org"])
+def test_an_engine_beyond_loopback_needs_an_api_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: str) -> None:
+    """vLLM answers every request that reaches it: an engine beyond this machine without a key is
+    refused when the settings are read, before anything is planned or started, saying how to fix it."""
+    monkeypatch.setenv("ERNIECHAT_ENGINE__HOST", host)
+    with pytest.raises(SettingsError) as err:
+        load_settings()
+    said = str(err.value)
+    assert said.startswith(
+        f"bad setting in environment variable ERNIECHAT_ENGINE__HOST: engine.host: the engine would listen on {host}, "
+        "beyond this machine, so it needs an API key"
+    ), said
+    assert "engine.api_key is not set" in said and "ERNIECHAT_ENGINE__API_KEY=" in said
+    assert "ERNIECHAT_ENGINE__HOST=127.0.0.1" in said
+    monkeypatch.setenv("ERNIECHAT_ENGINE__API_KEY", "k" * 40)
+    assert load_settings().engine.host == host
+    monkeypatch.delenv("ERNIECHAT_ENGINE__HOST")
+    monkeypatch.delenv("ERNIECHAT_ENGINE__API_KEY")
+    write_toml(tmp_path, f'[engine]\nhost = "{host}"\n')
+    with pytest.raises(SettingsError, match=r"^bad setting in .*erniechat\.toml: engine\.host: .*needs an API key"):
+        load_settings()
+    with pytest.raises(SettingsError, match=r"^bad setting on the command line: engine\.host: "):
+        load_settings({"engine.host": host})
+    assert load_settings({"engine.host": host, "engine.api_key": "k" * 40}).engine.api_key == "k" * 40
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.5", "::1", "localhost"])
+def test_an_engine_on_loopback_needs_no_api_key(monkeypatch: pytest.MonkeyPatch, host: str) -> None:
+    monkeypatch.setenv("ERNIECHAT_ENGINE__HOST", host)
+    assert load_settings().engine.api_key is None

@@ -32,6 +32,9 @@ from support.services import ROOT
 
 from backend.measure.page_client import PageError, PageSession
 
+PASSWORD = "tulip-orbit-canvas-41"
+"""A login password the page takes beyond loopback."""
+
 IMAGE = "localhost/erniechat-test:cpu"
 BUILD_TIMEOUT_S = 2400  # a fresh machine: base image, ~1 GB of wheels, the venv layer
 READY_TIMEOUT_S = 900
@@ -124,7 +127,8 @@ def container(podman: Podman, image: str, tmp_path: Path) -> Iterator[tuple[str,
     volume = f"{name}-data"
     port = free_port()
     conf = tmp_path / "erniechat.toml"
-    conf.write_text(f'[app]\nusers = {{ ann = "s3cret" }}\nauth_secret = "{uuid.uuid4().hex * 2}"\nmax_tokens = 24\n')
+    secret = uuid.uuid4().hex * 2
+    conf.write_text(f'[app]\nusers = {{ ann = "{PASSWORD}" }}\nauth_secret = "{secret}"\nmax_tokens = 24\n')
     conf.chmod(0o644)
     # published on loopback only: nothing here may listen beyond this machine
     podman(
@@ -203,7 +207,7 @@ def test_the_demo_container_serves_the_page_with_login_and_stops_clean(
     async def chat() -> None:
         with pytest.raises(PageError):
             await PageSession(url).connect(timeout=20)
-        tab = await PageSession(url, cookie=login_cookie(url, "ann", "s3cret")).connect()
+        tab = await PageSession(url, cookie=login_cookie(url, "ann", PASSWORD)).connect()
         try:
             result = await tab.ask("Say hello in one short sentence.", timeout=180)
         finally:

@@ -24,6 +24,9 @@ from support.services import ROOT, clear_settings_env
 from backend.page.auth import exposed_without_login
 from config.settings import load_settings
 
+PASSWORD = "tulip-orbit-canvas-41"
+"""A login password the page takes beyond loopback."""
+
 DEPLOY = ROOT / "deploy"
 INTERPOLATION = re.compile(r"\$\{(\w+)(?::([-?])([^}]*))?\}")
 
@@ -101,7 +104,7 @@ def test_compose_file(monkeypatch: pytest.MonkeyPatch) -> None:
     assert services["cpu"]["shm_size"] == "1gb" and services["gpu"]["ipc"] == "host"  # /dev/shm for vLLM
 
     # The demo's knobs are the project's own settings, and the password reaches the login.
-    env = compose_env(services["cpu"], {"ERNIECHAT_PASSWORD": "pw", "ERNIECHAT_APP__AUTH_SECRET": "x" * 40})
+    env = compose_env(services["cpu"], {"ERNIECHAT_PASSWORD": PASSWORD, "ERNIECHAT_APP__AUTH_SECRET": "x" * 40})
     assert {
         "ERNIECHAT_MODEL__ID",
         "ERNIECHAT_WORKLOAD__USERS",
@@ -114,7 +117,7 @@ def test_compose_file(monkeypatch: pytest.MonkeyPatch) -> None:
     for key, value in {**image_env(DEPLOY / "Containerfile"), **env}.items():
         monkeypatch.setenv(key, value)
     s = load_settings()
-    assert s.app.users == {"demo": "pw"} and s.workload.objective == "balanced" and s.app.port == 8080
+    assert s.app.users == {"demo": PASSWORD} and s.workload.objective == "balanced" and s.app.port == 8080
     assert exposed_without_login(s, environ={}) is None
     port = services["cpu"]["ports"][0]
     assert compose_env({"environment": {"p": port}}, {})["p"] == "8080:8080"

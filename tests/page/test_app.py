@@ -33,10 +33,11 @@ from support.waiting import group_gone, until_async
 
 from backend.engine_api import ChatResult, fetch_metrics, total
 from backend.errors import EngineRefused, EngineTimeout, TooLong
+from backend.measure.page_client import user_message
 from backend.page import render
 from backend.page.history import TemplateCost, fit
 from backend.page.link import EngineLink, Target, prefill_s
-from backend.page.sampling import Sampling
+from backend.page.sampling import Sampling, checked
 from backend.page.stream import stream_reply
 from backend.runtime.groups import group_processes
 from backend.runtime.rundir import RunDir
@@ -161,10 +162,33 @@ def test_chat_settings_a_script_could_send_are_brought_into_range(tmp_path: Path
     later message of the chat (temperature 5: HTTP 400)."""
     settings = Settings(engine=EngineSettings(run_dir=tmp_path))
     wild = Sampling.from_values({"temperature": 5, "top_p": 0, "max_tokens": 0, "system_prompt": "x\ud800"}, settings)
-    assert (wild.temperature, wild.top_p, wild.max_tokens, wild.system_prompt) == (2.0, 0.05, 1, "x\ufffd")
+    assert (wild.temperature, wild.top_p, wild.max_tokens, wild.system_prompt) == (2.0, 0.05, 16, "x\ufffd")
     junk = Sampling.from_values({"temperature": "abc", "top_p": None, "max_tokens": float("nan")}, settings)
     assert junk == Sampling.defaults(settings)
     assert not EngineRefused("HTTP 400", 400).retry and EngineRefused("HTTP 503", 503).retry
+
+
+def test_each_chat_setting_brought_into_range_is_said_in_a_sentence(tmp_path: Path) -> None:
+    """What a script sends is clamped to the sliders' range (or, not a number, left as it was), never
+    silently: one sentence each, naming the setting, the value sent and the range."""
+    settings = Settings(engine=EngineSettings(run_dir=tmp_path))
+    sent = {"temperature": True, "top_p": float("inf"), "max_tokens": 100.7, "system_prompt": ["a"], "other": 1}
+    clean, said = checked(sent, {"temperature": 1.5}, settings)
+    assert clean == {
+        "temperature": 1.5,
+        "top_p": 0.95,
+        "max_tokens": 100,
+        "system_prompt": settings.app.system_prompt,
+        "other": 1,
+    }
+    assert said == [
+        "Temperature true is not a number (allowed: 0 to 2); it stays at 1.5.",
+        "Top-p Infinity is not a number (allowed: 0.05 to 1); it stays at 0.95.",
+        "Max tokens (reply) 100.7 is not a whole number (allowed: 16 to 4,096); 100 is used.",
+        'System prompt ["a"] is not text; it stays as it was.',
+    ]
+    fine = {"temperature": 0.3, "top_p": "0.5", "max_tokens": 64, "system_prompt": "Be brief."}
+    assert checked(fine, {}, settings) == ({**fine, "top_p": 0.5}, [])
 
 
 def test_a_system_prompt_that_alone_does_not_fit_is_named() -> None:
@@ -174,6 +198,10 @@ def test_a_system_prompt_that_alone_does_not_fit_is_named() -> None:
     said = str(refused.value)
     assert "The **system prompt** in the chat settings is too long: it needs **91 tokens**" in said
     assert "shorten the system prompt" in said and "Your message is too long" not in said
+    with pytest.raises(TooLong) as refused:  # Max tokens alone fills the context: it is named, not the prompt
+        asyncio.run(fit([], "hi", system_prompt="Be brief.", count=_word_counter([]), **{**kw, "reply_tokens": 100}))
+    said = str(refused.value)
+    assert "**Max tokens** in the chat settings (100) leaves no room" in said and "system prompt" not in said
 
 
 def _word_counter(calls: list[int]) -> Callable[[list[dict[str, str]]], Awaitable[int]]:
@@ -496,6 +524,93 @@ def test_an_odd_or_huge_message_is_answered_not_met_with_silence(chainlit_app: C
     odd, text, after = asyncio.run(run())
     assert footer_of(odd)[1] > 0 and footer_of(after)[1] > 0
     assert "Your message is too long" in text and "not sent" in text, text
+
+
+async def answered(tab: ChatClient, event: str, payload: Any) -> None:
+    """Emit ``event`` as a script would, and wait until the page has said one more thing."""
+    shown = len(tab.texts()) + 1
+    await tab.sio.emit(event, payload)
+    await tab.wait_for(lambda: len(tab.texts()) >= shown, 60)
+
+
+BAD_SETTINGS = [
+    ({"temperature": "abc"}, 'Temperature "abc" is not a number (allowed: 0 to 2); it stays at 0.7.'),
+    ({"temperature": -1}, "Temperature -1 is out of range (allowed: 0 to 2); 0 is used."),
+    ({"temperature": 1e9}, "Temperature 1,000,000,000 is out of range (allowed: 0 to 2); 2 is used."),
+    ({"temperature": "abc"}, 'Temperature "abc" is not a number (allowed: 0 to 2); it stays at 2.'),
+    ({"top_p": 0}, "Top-p 0 is out of range (allowed: 0.05 to 1); 0.05 is used."),
+    ({"top_p": 3}, "Top-p 3 is out of range (allowed: 0.05 to 1); 1 is used."),
+    ({"max_tokens": "x"}, 'Max tokens (reply) "x" is not a number (allowed: 16 to 4,096); it stays at 32.'),
+    ({"max_tokens": -5}, "Max tokens (reply) -5 is out of range (allowed: 16 to 4,096); 16 is used."),
+    (
+        {"max_tokens": 10**12},
+        "Max tokens (reply) 1,000,000,000,000 is out of range (allowed: 16 to 4,096); 4,096 is used.",
+    ),
+    ([{"temperature": 0.5}], "Those chat settings could not be read (they are not named values); nothing was changed."),
+]
+"""Chat settings a script can send (the sliders send none of these), and the page's answer to each."""
+
+
+def test_bad_chat_settings_are_answered_in_words_and_clamped(small_context_page: ChatPage) -> None:
+    """Each bad value gets its sentence; the clamped Max tokens (4,096, more than the page's 400-token
+    context) is named as what leaves no room, not the system prompt; a list is refused without an
+    AttributeError in the log; and the chat goes on once Max tokens is sensible again."""
+
+    async def run() -> tuple[list[str], str, dict]:
+        async with ChatClient(small_context_page.url) as tab:
+            for values, _ in BAD_SETTINGS:
+                await answered(tab, "chat_settings_change", values)
+            said = tab.texts()[-len(BAD_SETTINGS) :]
+            await answered(tab, "client_message", {"message": user_message("Hello there."), "fileReferences": []})
+            too_long = tab.texts()[-1]
+            await tab.set_settings(max_tokens=24)
+            return said, too_long, await tab.ask("Short again.")
+
+    said, text, after = asyncio.run(run())
+    assert said == [f"⚠️ {sentence}" for _, sentence in BAD_SETTINGS]
+    assert "**Max tokens** in the chat settings (4,096) leaves no room for your message" in text, text
+    assert "system prompt" not in text and "not sent" in text
+    assert footer_of(after)[1] > 0
+    log = small_context_page.log_path.read_text()
+    assert "AttributeError" not in log and "Traceback" not in log, log[-3000:]
+
+
+def _step(**fields: object) -> dict[str, object]:
+    """A typed message's step with ``fields`` changed (None: left out)."""
+    step: dict[str, object] = {**user_message("Hello."), **fields}
+    return {key: value for key, value in step.items() if value is not None}
+
+
+MALFORMED = [
+    ({}, "it has no message"),
+    ({"message": _step(id=None), "fileReferences": []}, "it has no id"),
+    ({"message": _step(id="not-a-uuid"), "fileReferences": []}, "its id is not a random UUID"),
+    ({"message": _step(id=str(uuid.uuid1())), "fileReferences": []}, "its id is not a random UUID"),
+    ({"message": _step(output=None), "fileReferences": []}, "it has no text"),
+    ({"message": _step(), "fileReferences": "x"}, "its attachments cannot be read"),
+    ("just a string", "it is not a chat message"),
+]
+"""``client_message`` payloads a script can send (the browser sends none of these), and why each is unread."""
+
+
+def test_malformed_socket_messages_are_answered_in_one_plain_sentence(chainlit_app: ChatPage) -> None:
+    """Chainlit failed on each with Python's own words ("'message'", "badly formed hexadecimal UUID
+    string") as an error message; now one sentence, nothing sent to the engine, and the chat goes on."""
+
+    async def run() -> tuple[list[str], list[tuple[str, Any]], dict]:
+        async with ChatClient(chainlit_app.url) as tab:
+            for payload, _ in MALFORMED:
+                await answered(tab, "client_message", payload)
+            return tab.texts()[-len(MALFORMED) :], list(tab.events), await tab.ask("Still there?")
+
+    said, events, after = asyncio.run(run())
+    assert said == [
+        f"⚠️ That message could not be read ({why}); nothing was sent to the engine." for _, why in MALFORMED
+    ]
+    assert not [data for _, data in events if isinstance(data, dict) and data.get("isError")], "shown as an error"
+    shown = " ".join(str(data) for _, data in events)
+    assert "badly formed" not in shown and "'message'" not in shown and "AssertionError" not in shown
+    assert footer_of(after)[1] > 0
 
 
 def test_page_shows_live_plan_and_socket_settings(chainlit_app: ChatPage, engine: Engine) -> None:

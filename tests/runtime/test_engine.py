@@ -400,7 +400,9 @@ def test_an_address_not_here_is_not_called_in_use(tmp_path: Path, command: str, 
     """192.0.2.1 (TEST-NET-1) is no address of this machine: the error says so, not 'already in use'."""
     env = backend_env(tmp_path, **{host_env: "192.0.2.1"})
     if command == "up":  # a page beyond loopback needs its login first
-        env.update(ERNIECHAT_APP__USERS='{"u": "p"}', ERNIECHAT_APP__AUTH_SECRET="s" * 48)
+        env.update(ERNIECHAT_APP__USERS='{"u": "tulip-orbit-canvas-41"}', ERNIECHAT_APP__AUTH_SECRET="s" * 48)
+    else:  # and an engine beyond loopback its API key
+        env.update(ERNIECHAT_ENGINE__API_KEY="k" * 40)
     done = BackendProcess([command, "--model", "demo", "--engine-port", str(free_port())], env).start()
     assert done.wait(120) in (1, 2)
     said = f"cannot be listened on (Cannot assign requested address); check {key}"
