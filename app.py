@@ -211,7 +211,8 @@ async def answer_one(text: str, reply_to: str, t0: float) -> None:
     except ChatError as err:
         await waiting.close("The engine did not get ready for this message.")
         later = " (once the engine is back)" if isinstance(err, (EngineDown, EngineTimeout)) else ""
-        await show_failure(reply, sent, result, text, reply_to, str(err), err.retry, later)
+        why = str(err) + (await link.what_stopped() if isinstance(err, EngineDown) else "")
+        await show_failure(reply, sent, result, text, reply_to, why, err.retry, later)
     except Exception as err:  # a defect of the page's own: said in the chat (else hidden), message kept
         traceback.print_exc()
         await waiting.close("This message failed.")

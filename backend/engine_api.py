@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
+
+from backend.errors import EngineDown, EngineTimeout
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 """Bind addresses that mean "every interface": a client on this machine uses loopback."""
@@ -37,6 +40,24 @@ def root_url(base_url: str) -> str:
 
 SESSION_HEADER = "x-session-id"
 """The router keeps every request carrying the same value on one engine (its prefix cache)."""
+
+
+@contextmanager
+def chat_errors(base_url: str, replying: Callable[[], bool] = lambda: False) -> Iterator[None]:
+    """httpx's errors as sentences a person can act on, one mapping for plain requests and streamed
+    replies: an engine (or router) that cannot be reached is not one that dropped the connection.
+    ``replying``: whether the reply had begun when the connection went."""
+    try:
+        yield
+    except httpx.ConnectError:
+        raise EngineDown(f"Cannot reach the engine at {base_url} (is it running?).") from None
+    except httpx.TimeoutException:
+        raise EngineTimeout(f"The engine at {base_url} did not answer in time.") from None
+    except httpx.HTTPError as err:
+        when = "mid-reply" if replying() else "before the reply began"
+        raise EngineDown(
+            f"The engine at {base_url} dropped the connection {when} ({type(err).__name__}); did it stop?"
+        ) from None
 
 
 def headers(api_key: str | None, session: str | None = None) -> dict[str, str]:

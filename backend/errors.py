@@ -28,6 +28,7 @@ __all__ = [
     "NodeError",
     "PageError",
     "PlanError",
+    "RunBusy",
     "SettingsError",
     "TooLong",
     "TunedProfileError",
@@ -44,6 +45,10 @@ class EngineStartError(ErniechatError, RuntimeError):
     """The engine could not start; the message says why and what to do."""
 
     exit_code = 1
+
+
+class RunBusy(EngineStartError):
+    """Another start holds the run directory or a port: refused before anything starts."""
 
 
 class NodeError(EngineStartError):

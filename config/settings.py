@@ -110,6 +110,9 @@ class EngineSettings(_Section):
     """Engine log, status file and warm-up record live here."""
     warmup: bool = True
     start_timeout_s: float = Field(default=900.0, gt=0)
+    restart_limit: int = Field(default=3, ge=0)
+    """Restarts of a dead engine within ``RESTART_WINDOW_S`` (10 minutes) before ``serve`` gives up on
+    it, each after a longer pause; 0: an engine that dies stays dead."""
     pins: dict[str, Any] = Field(default_factory=dict)
     """Plan values the user fixes (``--set tensor_parallel_size=2``); checked before start."""
     extra_args: list[str] = Field(default_factory=list)

@@ -42,9 +42,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             r = status.router
             print(f"router:  {r.get('url')}  {r.get('policy')} on {r.get('session_header')}, pid {r.get('pid')}")
             for e in status.engines:
-                where = "in rotation" if e.get("in_rotation") else "OUT of rotation"
-                health = "healthy" if e.get("answers") else "not answering"
-                print(f"  {e.get('name')}: {e.get('url')}  {where}, {health}, load {e.get('load')}")
+                where = "in rotation" if e.in_rotation else "OUT of rotation"
+                health = "healthy" if e.answers else "not answering"
+                state = "" if e.state == "serving" else f"  [{e.state}: {e.detail}]"
+                again = f" ({e.restarts} restart{'s' if e.restarts > 1 else ''})" if e.restarts else ""
+                print(f"  {e.name}: {e.url}  {where}, {health}, load {e.load}{again}{state}")
         if status.startup and "kv_tokens" in status.startup:
             kv, planned = status.startup["kv_tokens"], status.startup["kv_tokens_planned"]
             print(f"KV:      {kv:,.0f} tokens per engine, as vLLM allocated it (the plan's arithmetic: {planned:,.0f})")

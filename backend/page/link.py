@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from backend.engine_api import engine_url, headers, root_url
+from backend.engine_api import chat_errors, engine_url, headers, root_url
 from backend.errors import ChatError, EngineDown, EngineRefused, EngineTimeout
 from backend.page.history import Fitted, Message, TemplateCost, fit
 from backend.page.sampling import Sampling
@@ -27,6 +27,10 @@ from config.settings import Settings
 
 POLL_S = 0.5
 """How often a waiting chat looks at the status file."""
+AFTER_STOP = {"exited": "is being restarted", "restarting": "is being restarted", "gave up": "is not restarted"}
+SEEN_DOWN_S = 2.0
+"""How long a reply the engine dropped waits for ``serve`` (which looks every second) to say which
+engine stopped, so that the message can name it."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,24 @@ class EngineLink:
                 raise EngineTimeout(f"The engine was still {status.state} after {bound:.0f} s ({status.detail}).")
             await asyncio.sleep(POLL_S)
 
+    async def what_stopped(self) -> str:
+        """For a reply the engine dropped: which engine stopped and what happens now, once ``serve``
+        has seen it (within :data:`SEEN_DOWN_S`); empty when it has not, or the run is over."""
+        deadline = time.monotonic() + SEEN_DOWN_S
+        while True:
+            status = self.status()
+            if status is None or status.state in ("failed", "stopped"):
+                return ""
+            down = [e for e in status.engines if e.state != "serving"]
+            if down:
+                said = [f"{e.name} stopped and {AFTER_STOP[e.state]}" for e in down]
+                return f" ({'; '.join(said)}; the other engines answer new messages.)"
+            if status.state != "ready":
+                return f" (The engine stopped and is being restarted: {status.detail}.)"
+            if time.monotonic() > deadline:
+                return ""
+            await asyncio.sleep(0.2)
+
     # -- clients ---------------------------------------------------------------------------
     def client(self, target: Target) -> httpx.AsyncClient:
         """One HTTP client per engine, without keep-alive unless ``app.keepalive``: a dead engine
@@ -166,15 +188,8 @@ class EngineLink:
         """One plain request; the engine's errors become the page's sentences."""
         http = self.client(target)
         timeout = self.timeouts(target.status).for_httpx()
-        try:
+        with chat_errors(target.base_url):
             r = await http.request(method, url, headers=headers(target.api_key), timeout=timeout, **kw)
-        except httpx.ConnectError:
-            raise EngineDown(f"Cannot reach the engine at {target.base_url} (is it running?).") from None
-        except httpx.TimeoutException:
-            raise EngineTimeout(f"The engine at {target.base_url} did not answer in time.") from None
-        except httpx.HTTPError as err:
-            why = type(err).__name__
-            raise EngineDown(f"The engine at {target.base_url} dropped the connection ({why}); did it stop?") from None
         if r.status_code != 200:
             raise EngineRefused(
                 f"The engine refused {url.rsplit('/', 1)[-1]}: HTTP {r.status_code} {r.text[:200]}", r.status_code

@@ -12,10 +12,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-import httpx
-
-from backend.engine_api import ChatResult, chat_body, headers, stream_chunks
-from backend.errors import EngineDown, EngineRefused, EngineTimeout
+from backend.engine_api import ChatResult, chat_body, chat_errors, headers, stream_chunks
+from backend.errors import EngineRefused, EngineTimeout
 from backend.page.history import Message
 from backend.page.link import EngineLink, Target
 from backend.page.sampling import Sampling
@@ -69,40 +67,36 @@ async def stream_reply(
     url = f"{target.base_url}/chat/completions"
     try:
         res.sent_s = time.perf_counter() - start
-        async with http.stream(
-            "POST", url, json=body, headers=headers(target.api_key, session), timeout=timeouts.for_httpx()
-        ) as response:
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")
-                raise EngineRefused(
-                    f"The engine refused the request: HTTP {response.status_code} {text[:300]}", response.status_code
-                )
-            chunks = stream_chunks(response)
-            while True:
-                try:
-                    async with asyncio.timeout(max(left(), 0.001)):
-                        chunk = await anext(chunks)
-                except StopAsyncIteration:
-                    break
-                now = time.perf_counter() - start
-                piece = res.absorb(chunk, now)
-                if piece:
-                    pending.append(piece)
-                    if now - flushed_at >= interval:
-                        await flush(now)
-            await flush(time.perf_counter() - start)
+        with chat_errors(target.base_url, replying=lambda: res.ttft_s is not None):
+            async with http.stream(
+                "POST", url, json=body, headers=headers(target.api_key, session), timeout=timeouts.for_httpx()
+            ) as response:
+                if response.status_code != 200:
+                    text = (await response.aread()).decode(errors="replace")
+                    raise EngineRefused(
+                        f"The engine refused the request: HTTP {response.status_code} {text[:300]}",
+                        response.status_code,
+                    )
+                chunks = stream_chunks(response)
+                while True:
+                    try:
+                        async with asyncio.timeout(max(left(), 0.001)):
+                            chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                    now = time.perf_counter() - start
+                    piece = res.absorb(chunk, now)
+                    if piece:
+                        pending.append(piece)
+                        if now - flushed_at >= interval:
+                            await flush(now)
+                await flush(time.perf_counter() - start)
     except TimeoutError:
         if res.ttft_s is None:
             raise EngineTimeout(
                 f"No first token within {timeouts.first_token:.0f} s (the engine is overloaded or stuck)."
             ) from None
         raise EngineTimeout(f"The engine went silent for {timeouts.between_tokens:.0f} s mid-reply.") from None
-    except httpx.TimeoutException:
-        raise EngineTimeout(f"The engine at {target.base_url} did not answer in time.") from None
-    except httpx.HTTPError:
-        if res.ttft_s is None:
-            raise EngineDown(f"Cannot reach the engine at {target.base_url} (is it running?).") from None
-        raise EngineDown("The engine dropped the connection mid-reply (did it stop?).") from None
     finally:
         res.finish(time.perf_counter() - start)
     return res

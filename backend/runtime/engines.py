@@ -18,6 +18,7 @@ from backend.errors import EngineStartError
 from backend.runtime.child_tmp import OwnTmp, engine_tmp_env
 from backend.runtime.logwatch import LogState, Phase
 from backend.runtime.process import ChildGroup
+from backend.runtime.status import EngineState
 
 ENGINE_CORE_TITLE = "VLLM::EngineCor"  # vLLM's process title "VLLM::EngineCore…", as Linux keeps 15 chars
 
@@ -61,6 +62,10 @@ class Engine:
         self.log = LogState()
         self._offset = 0
         self.restarts = 0
+        self.state: EngineState = "serving"
+        """``serve``'s view once the plan is up: serving, exited, restarting, gave up."""
+        self.detail = ""
+        """Why it is not serving (``status``)."""
 
     def _process(self) -> ChildGroup:
         """Its process, from a temporary directory of its own while it runs (``child_tmp``)."""
@@ -153,8 +158,9 @@ class Engine:
                 if code is not None:
                     self.read_log(on_phase)
                     self.stop()
+                    cause = f": {self.log.cause}" if self.log.cause else ""
                     raise EngineStartError(
-                        f"{self.label} exited during start-up (code {code}); last log lines:\n{self.tail()}"
+                        f"{self.label} exited during start-up (code {code}){cause}; last log lines:\n{self.tail()}"
                     )
                 if self.log.phase and self.log.phase.key == "api" and self.healthy(http, served, api_key):
                     return

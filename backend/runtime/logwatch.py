@@ -125,6 +125,13 @@ FATALS: list[tuple[re.Pattern[str], Fatal]] = [
         ),
     ),
     (
+        re.compile(r"SafetensorError|incomplete metadata, file not fully covered|MetadataIncompleteBuffer"),
+        Fatal(
+            "a weights file of the model is damaged (cut short or not safetensors)",
+            "download the model again (or copy its *.safetensors files whole), or use --model demo",
+        ),
+    ),
+    (
         re.compile(r"Bfloat16 is only supported on GPUs with compute capability"),
         Fatal("this GPU has no bf16", "--set dtype=float16"),
     ),
@@ -146,6 +153,15 @@ FATALS: list[tuple[re.Pattern[str], Fatal]] = [
 ]
 
 
+EXCEPTION = re.compile(
+    r"^(?:\(\w+ pid=\d+\)\s+)?(?:(?:ERROR|CRITICAL) \S+ \S+ \[[^\]]*\]\s+)?"
+    r"((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit)): (.+)$"
+)
+"""A traceback's last line, bare or behind vLLM's ``(Process pid=N) ERROR date time [file:line]`` prefix."""
+RELAYED = re.compile(r"See root cause above|See stack trace for root cause|initialization failed|^cancelled$")
+"""What a parent process says about a child's failure: the cause is an earlier line."""
+
+
 @dataclass
 class LogState:
     """What the log has told so far."""
@@ -155,6 +171,8 @@ class LogState:
     fatal_line: str = ""
     kv_tokens: int | None = None
     splits: dict[str, float] | None = None
+    cause: str = ""
+    """The last exception the log names that is not a parent's relay of it (``Type: message``)."""
 
     def feed(self, line: str) -> Phase | None:
         """Update from one line; return the phase if this line began a new one."""
@@ -168,6 +186,8 @@ class LogState:
                 if pattern.search(line):
                     self.fatal, self.fatal_line = fatal, line.strip()
                     break
+        if (m := EXCEPTION.match(line.strip())) and not RELAYED.search(m.group(2)):
+            self.cause = f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2).strip()}"[:300]
         if m := KV_TOKENS.search(line):
             self.kv_tokens = int(m.group(1).replace(",", ""))
         for key, pattern in STARTUP_SPLITS.items():

@@ -85,15 +85,6 @@ class WorkerHealth:
     load: int | None = None
     """Requests the router has in flight there (None when not reported)."""
 
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "url": self.url,
-            "in_rotation": self.in_rotation,
-            "answers": self.answers,
-            "load": self.load,
-        }
-
 
 @dataclass
 class RouterConfig:
@@ -307,19 +298,16 @@ class Router:
                 )
             return out
 
-    def status(self) -> dict[str, Any]:
-        """For ``status --json``: the router and every engine behind it."""
+    def status_record(self) -> dict[str, Any]:
+        """For ``status --json``: the router itself (its engines: :meth:`health`)."""
         return {
-            "router": {
-                "url": self.url,
-                "pid": self.pid,
-                "alive": self.alive(),
-                "policy": self.config.policy,
-                "session_header": SESSION_HEADER,
-                "version": ROUTER_VERSION,
-                "log": str(self.log_path),
-            },
-            "engines": [h.as_json() for h in self.health()],
+            "url": self.url,
+            "pid": self.pid,
+            "alive": self.alive(),
+            "policy": self.config.policy,
+            "session_header": SESSION_HEADER,
+            "version": ROUTER_VERSION,
+            "log": str(self.log_path),
         }
 
     def tail(self, n: int = 12) -> str:

@@ -38,9 +38,11 @@ from backend.runtime.mps import MpsDaemon
 from backend.runtime.node_identity import core_share, head_ip, model_fingerprint, resolves_to_loopback, vllm_version
 from backend.runtime.process import IN_USE, ChildGroup, bind_problem
 from backend.runtime.resolve import ResolvedModel, resolve_model
-from backend.runtime.router import Router, RouterConfig, RouterError, Worker
+from backend.runtime.revive import RestartBudget
+from backend.runtime.router import Router, RouterConfig, RouterError, Worker, WorkerHealth
 from backend.runtime.rundir import RunDir
-from backend.runtime.status import EngineStatus, WarmupRecord
+from backend.runtime.runlock import RunLock, claims_for
+from backend.runtime.status import EngineReport, EngineState, EngineStatus, WarmupRecord
 from backend.runtime.warmup import WarmupError, warm_up
 from config.commands import (
     HEAD_ADDRESS,
@@ -55,8 +57,8 @@ from config.pipeline import Planned, plan_for
 from config.plan import Plan
 from config.settings import Settings
 
-ROUTER_CHECK_S = 5.0
-"""How often ``serve`` asks the router about its engines (for ``status``) while it runs."""
+ROUTER_CHECK_S = 1.0
+"""How often ``serve`` asks the router and each engine's ``/health`` (for ``status``) while it runs."""
 
 
 def check_engine_build(plan: Plan, python: str, hardware: str) -> None:
@@ -127,6 +129,16 @@ class Server:
         self.display = Display(self.t0)
         self._updating = threading.Lock()
         self._checked_router = 0.0
+        self._router_seen: list[WorkerHealth] = []
+        self.lock = RunLock(claims_for(self.run_dir.path, [(settings.engine.port, "--engine-port")]))
+        """One start per run directory and engine port (``runlock``); taken by :meth:`claim`."""
+        self._lifecycle = threading.Lock()
+        """Held while an engine process is started again, so that :meth:`stop` never misses one."""
+        self._stopping = False
+        self._budgets: dict[str, RestartBudget] = {}
+        self._reviving: dict[str, threading.Thread] = {}
+        self._gave_up: str | None = None
+        """Why the one engine of a plan without a router is not coming back (``check`` fails on it)."""
 
     # -- status --------------------------------------------------------------------------
     def update(self, state: str | None = None, detail: str | None = None, progress: float | None = None) -> None:
@@ -142,6 +154,11 @@ class Server:
             self.status.progress = progress
         self.run_dir.write_status(self.status)
         self.display.show(self.status.state, self.status.detail, self.status.progress)
+
+    def _save(self) -> None:
+        """The status file as it stands, without a line on the terminal (the watch loop's refreshes)."""
+        with self._updating:
+            self.run_dir.write_status(self.status)
 
     def fail(self, message: str) -> None:
         self.status.error = message
@@ -159,9 +176,19 @@ class Server:
         return self.engines[0].process if self.engines else None
 
     # -- start ---------------------------------------------------------------------------
+    def claim(self, page_port: int | None = None) -> None:
+        """Hold the run directory and the engine port (and ``page_port``) alone, before anything starts
+        or is written; RunBusy names the start that holds one. A worker node shares its host's."""
+        if self.lock.held or self.node_rank:
+            return
+        if page_port is not None:
+            self.lock.claims += claims_for(self.run_dir.path, [(page_port, "--port")])[1:]
+        self.lock.acquire()
+
     def start(self) -> bool:
         """Resolve, plan, launch, wait for health, warm up. True when ready."""
         e = self.settings.engine
+        self.claim()
         self.update("starting", "resolving the model", 0.01)
         if leftovers := find_leftovers():
             self.update(detail=f"stopping {len(leftovers)} process group(s) a killed start left running")
@@ -396,13 +423,31 @@ class Server:
         return True
 
     def _record_router(self) -> None:
+        """Ask the router and each engine's ``/health`` (a few requests), then record every engine."""
+        if self.router is not None:
+            self.status.router = self.router.status_record()
+            self._router_seen = self.router.health()
+        self._record_engines()
+
+    def _record_engines(self) -> None:
+        """``status.engines``: this node's engines as ``serve`` sees them (process, restarts) beside the
+        router's last view of them; other nodes' engines, after these, as the router sees them."""
         if self.router is None:
             return
-        report = self.router.status()
-        self.status.router = report["router"]
-        pids: list[int | None] = [e.pid for e in self.engines]
-        pids += [None] * (len(report["engines"]) - len(pids))  # other nodes' engines: not this host's
-        self.status.engines = [{**seen, "pid": pid} for seen, pid in zip(report["engines"], pids, strict=True)]
+        seen = self._router_seen
+        reports = []
+        for i, engine in enumerate(self.engines):
+            report = EngineReport(name=engine.name, url=engine.root, pid=engine.pid, state=engine.state)
+            report.detail, report.restarts = engine.detail, engine.restarts
+            if i < len(seen):
+                report.in_rotation, report.load = seen[i].in_rotation, seen[i].load
+                report.answers = seen[i].answers and engine.state == "serving"
+            reports.append(report)
+        for h in seen[len(self.engines) :]:
+            reports.append(
+                EngineReport(name=h.name, url=h.url, in_rotation=h.in_rotation, answers=h.answers, load=h.load)
+            )
+        self.status.engines = reports
 
     def _record_warmup(self, record: WarmupRecord) -> None:
         """Keep the first engine's warm-up record (status, the run dir, the terminal)."""
@@ -429,12 +474,14 @@ class Server:
         finally:  # on a failure or Ctrl-C the engines are stopped next, which ends the other warm-ups
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _warm(self, engine: Engine, plan: Plan) -> WarmupRecord:
-        self.update("warming", "warming up", 0.92)
+    def _warm(self, engine: Engine, plan: Plan, progress: Callable[[str, float], None] | None = None) -> WarmupRecord:
+        """Warm ``engine`` up; ``progress(message, fraction)`` (default: the run's own state, warming)."""
+        if progress is None:
+            self.update("warming", "warming up", 0.92)
 
-        def progress(msg: str, frac: float) -> None:
-            where = f"{engine.name}: " if plan.routed else ""
-            self.update("warming", f"warm-up: {where}{msg}", 0.92 + 0.07 * frac)
+            def progress(msg: str, frac: float) -> None:
+                where = f"{engine.name}: " if plan.routed else ""
+                self.update("warming", f"warm-up: {where}{msg}", 0.92 + 0.07 * frac)
 
         s = self.settings
         return asyncio.run(
@@ -453,9 +500,11 @@ class Server:
 
     # -- after ready ---------------------------------------------------------------------
     def check(self) -> bool:
-        """False (and status failed) once serving has ended: the one engine or the router died.
-        Behind the router a dead engine is restarted (the router takes it out meanwhile and back
-        in once healthy); the reply it was streaming fails, nothing else."""
+        """False (and status failed) once serving has ended: the router died, a split engine lost a
+        node, or a dead engine was restarted ``engine.restart_limit`` times within the window and the
+        plan has no other. A dead engine is restarted in the background (``_revive``): behind the
+        router the others serve meanwhile and the run stays ready; a plan's only engine makes the run
+        start again (new messages wait for it); the reply it was streaming fails, nothing else."""
         if not self.engines:
             return False
         problem = self._node_problem()
@@ -464,46 +513,135 @@ class Server:
             self.fail(problem)
             self.say(f"error: {problem}")
             return False
-        if self.router is None and not (self.node_rank and self.planned and self.planned.plan.routed):
-            engine = self.engines[0]
-            code = engine.exit_code()
-            if code is None:
-                return True
-            engine.stop()
-            self.fail(f"the engine exited unexpectedly (code {code}); last log lines:\n{engine.tail()}")
-            self.say(f"error: {self.status.error}")
-            return False
         if self.router is not None and not self.router.alive():
             self._stop_engines()
             self.fail(f"the router exited unexpectedly; last log lines:\n{self.router.tail()}")
             self.say(f"error: {self.status.error}")
             return False
+        if self._gave_up is not None:
+            self._stop_engines()
+            self.fail(self._gave_up)
+            self.say(f"error: {self._gave_up}")
+            return False
         for engine in self.engines:
-            code = engine.exit_code()
-            if code is not None:
-                self._restart(engine, code)
+            if engine.name not in self._reviving and (code := engine.exit_code()) is not None:
+                self._reviving[engine.name] = thread = threading.Thread(
+                    target=self._revive, args=(engine, code), name=f"revive {engine.name}", daemon=True
+                )
+                thread.start()
         if self.router is not None and time.monotonic() - self._checked_router >= ROUTER_CHECK_S:
             self._checked_router = time.monotonic()
             self._record_router()
-            self.run_dir.write_status(self.status)
+            self._save()
         return True
 
-    def _restart(self, engine: Engine, code: int) -> None:
+    @property
+    def _alone(self) -> bool:
+        """Whether this node's engines have no router in front (one engine: the run waits for it)."""
+        routed_worker = bool(self.node_rank and self.planned and self.planned.plan.routed)
+        return self.router is None and not routed_worker
+
+    def _revive(self, engine: Engine, code: int) -> None:
+        """Start a dead engine again, healthy and warmed, until it serves or its restart budget is
+        spent (``revive``); said in the terminal and ``status`` at each step. Runs in its own thread."""
         assert self.planned is not None
         plan, e = self.planned.plan, self.settings.engine
-        note = f"{engine.name} exited (code {code}); the router took it out; restarting it"
-        self.say(f"note: {note}")
-        self.status.notes.append(note)
-        self.run_dir.write_status(self.status)
+        budget = self._budgets.setdefault(engine.name, RestartBudget(e.restart_limit))
+        why = f"{engine.label} exited (code {code})"
         try:
+            if plan.split_across_nodes:  # its stages on the other nodes would have to start again with it
+                self._give_up(engine, f"{why}; an engine split across nodes is not restarted alone")
+                return
+            while not self._stopping:
+                pause = budget.next_pause(time.monotonic())
+                if pause is None:
+                    self._give_up(engine, f"{why}; {budget.exhausted_text()}; last log lines:\n{engine.tail()}")
+                    return
+                after = f" in {pause:.0f} s" if pause else ""
+                self._engine_state(
+                    engine, "restarting", f"{why}; restarting it{after} ({budget.used} of {budget.limit})"
+                )
+                self.say(f"note: {why}; restarting it{after} (restart {budget.used} of {budget.limit} within 10 min)")
+                if self._stop_asked(pause) or not self._restart_process(engine):
+                    return
+                try:
+                    engine.wait_healthy(plan.served_name, e.api_key, e.start_timeout_s, self._restart_phase(engine))
+                    self._lower_engine_core(engine, plan)
+                    if e.warmup:
+                        self._warm(engine, plan, self._restart_warming(engine))
+                except (EngineStartError, WarmupError, httpx.HTTPError) as err:
+                    why = f"{engine.label} did not come back ({str(err).splitlines()[0]})"
+                    continue
+                self._engine_state(engine, "serving", "")
+                self.say(
+                    f"{engine.label} is back (restart {engine.restarts})"
+                    + ("" if self._alone else "; the router takes it in again")
+                )
+                return
+        finally:
+            self._reviving.pop(engine.name, None)
+
+    def _stop_asked(self, pause: float) -> bool:
+        """Sleep ``pause`` seconds unless the run stops meanwhile; True when it does."""
+        deadline = time.monotonic() + pause
+        while not self._stopping and time.monotonic() < deadline:
+            time.sleep(min(0.2, deadline - time.monotonic()))
+        return self._stopping
+
+    def _restart_process(self, engine: Engine) -> bool:
+        """A fresh process for ``engine``, unless the run is stopping (then False)."""
+        with self._lifecycle:
+            if self._stopping:
+                return False
             engine.restart()
-            engine.wait_healthy(plan.served_name, e.api_key, e.start_timeout_s)
-            self._lower_engine_core(engine, plan)
-            if e.warmup:
-                self._warm(engine, plan)
-            self.say(f"{engine.name} is back (restart {engine.restarts}); the router takes it in again")
-        except (EngineStartError, WarmupError, httpx.HTTPError) as err:
-            self.say(f"note: {engine.name} did not come back: {err}; the others serve")
+            if engine is self.engines[0]:
+                self.status.engine_pid = engine.pid
+            return True
+
+    def _engine_state(self, engine: Engine, state: EngineState, detail: str) -> None:
+        """One engine's state in ``status``: the engine entry behind a router; the run's own state when
+        it is the only one (restarting: starting, so that new messages wait; serving: ready)."""
+        if self._stopping:
+            return
+        engine.state, engine.detail = state, detail
+        if not self._alone:
+            self._record_engines()
+            self._save()
+        elif state == "serving":
+            assert self.planned is not None
+            self.update("ready", self.planned.plan.summary(), 1.0)
+            self.display.done()
+        else:
+            self.update("starting", detail, 0.02)
+
+    def _restart_phase(self, engine: Engine) -> Callable[[Phase], None]:
+        def on_phase(phase: Phase) -> None:
+            text = f"restart {engine.restarts}: {phase.label}"
+            if self._alone and not self._stopping:
+                self.update(phase.state, text, phase.progress)
+            else:
+                self._engine_state(engine, "restarting", text)
+
+        return on_phase
+
+    def _restart_warming(self, engine: Engine) -> Callable[[str, float], None]:
+        def progress(msg: str, frac: float) -> None:
+            text = f"restart {engine.restarts}: warm-up: {msg}"
+            if self._alone and not self._stopping:
+                self.update("warming", text, 0.92 + 0.07 * frac)
+            else:
+                self._engine_state(engine, "restarting", text)
+
+        return progress
+
+    def _give_up(self, engine: Engine, message: str) -> None:
+        """No more restarts: the run fails when this was its only engine; else the others serve."""
+        if self._alone:
+            self._gave_up = message  # check() fails the run, from the watching thread
+            return
+        engine.stop()
+        self._engine_state(engine, "gave up", message.split("; last log lines")[0])
+        self.say(f"note: {message}; the other engines serve")
 
     def _stop_engines(self) -> None:
         for engine in self.engines:
@@ -536,6 +674,12 @@ class Server:
         self.update("starting", f"waiting for {plan.nodes - 1} other node(s) at {self.head.address}", 0.04)
 
     def stop(self) -> None:
+        """Stop everything this start runs (the router, then the engines) and release its claim; a
+        Server whose start was refused (another start holds the run directory) touches nothing."""
+        if not self.lock.held and not self.node_rank:
+            return
+        with self._lifecycle:  # a restart under way starts no process after this
+            self._stopping = True
         if self.head:  # every other node hears it before this node's engines go
             self.head.tell_stop("failed" if self.status.state == "failed" else "stopping")
         if self.router:
@@ -546,6 +690,7 @@ class Server:
         if self.status.state != "failed":
             self.update("stopped", "stopped", self.status.progress)
             self.display.done()
+        self.lock.release()
 
 
 @contextmanager

@@ -51,6 +51,28 @@ class WarmupRecord(BaseModel):
     duration_s: float = 0.0
 
 
+EngineState = Literal["serving", "exited", "restarting", "gave up"]
+
+
+class EngineReport(BaseModel):
+    """One engine of a routed plan as ``status`` shows it: ``serve``'s own view (its process, its
+    restarts) beside the router's (in rotation, load) and the engine's own ``/health``."""
+
+    name: str
+    url: str
+    pid: int | None = None
+    state: EngineState = "serving"
+    detail: str = ""
+    """Why it is not serving: its exit code, the restart's phase, why it was given up."""
+    restarts: int = 0
+    in_rotation: bool | None = None
+    """The router's view: True while it sends requests there; None when the router cannot be asked."""
+    answers: bool = False
+    """Its own ``/health`` answered 200 at the last check."""
+    load: int | None = None
+    """Requests the router has in flight there (None when not reported)."""
+
+
 class EngineStatus(BaseModel):
     state: State = "starting"
     detail: str = ""
@@ -73,8 +95,8 @@ class EngineStatus(BaseModel):
     """Seconds: launch to /health, warm-up, total; plus vLLM's own splits from its log."""
     router: dict[str, Any] | None = None
     """The router in front of several engines (url, pid, policy, ...), when the plan has one."""
-    engines: list[dict[str, Any]] = Field(default_factory=list)
-    """Behind the router: each engine's name, url, whether the router uses it, its own /health."""
+    engines: list[EngineReport] = Field(default_factory=list)
+    """Behind the router: each engine, as ``serve``, the router and the engine itself see it."""
     notes: list[str] = Field(default_factory=list)
     error: str | None = None
     log_path: str = ""

@@ -134,6 +134,8 @@ def run_up(settings: Settings) -> int:
     if why:
         print(f"error: {why}", file=sys.stderr)
         return 2
+    server = Server(settings, page_port=a.port)
+    server.claim(page_port=a.port)  # another start on this run directory or these ports: refused here
     for left in stop_leftovers():  # a killed start's page would hold the page's port
         print(left.stopped(), flush=True)
     problem = bind_problem(a.host, a.port)
@@ -147,7 +149,6 @@ def run_up(settings: Settings) -> int:
     if problem:
         print(f"error: the chat page's port {a.port} on {a.host} {problem}; check app.host", file=sys.stderr)
         return 2
-    server = Server(settings, page_port=a.port)
     page: ChatPage | None = None
     try:
         if not server.start():

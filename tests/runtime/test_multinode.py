@@ -172,7 +172,7 @@ def test_replicas_on_two_nodes_behind_the_router(tmp_path: Path) -> None:
         assert "all 2 nodes ready: 2 engines behind the router" in out
         status = read_status(nodes.head_dir)
         assert status and status.router
-        engines = {e["name"]: e["url"] for e in status.engines}
+        engines = {e.name: e.url for e in status.engines}
         assert engines == {
             "engine 0": f"http://127.0.0.1:{nodes.port + 1}",
             "node 1 engine 0": (f"http://127.0.0.1:{worker_port + 1}"),

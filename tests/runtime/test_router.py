@@ -95,7 +95,7 @@ class ServedEngine:
 
     def pid(self) -> int:
         status = read_status(self.run_dir)
-        found = [e.get("pid") for e in (status.engines if status else []) if e.get("name") == self.name]
+        found = [e.pid for e in (status.engines if status else []) if e.name == self.name]
         assert found and found[0], f"{self.name}: no pid in the status file"
         return int(found[0])
 
@@ -124,7 +124,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
         serve.wait_for_line("ready:")
         status = read_status(run_dir)
         assert status and status.router and len(status.engines) == 2, status
-        engines = [ServedEngine(e["name"], e["url"], run_dir) for e in status.engines]
+        engines = [ServedEngine(e.name, e.url, run_dir) for e in status.engines]
         # a Router object on the running router, to ask it (it was started by serve, not by this one)
         config = RouterConfig(
             workers=[Worker(e.url, name=e.name) for e in engines], port=port, metrics_port=free_port()
