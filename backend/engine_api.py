@@ -2,7 +2,8 @@
 
 Its URL from the bind host, auth headers, one timed streaming parser (used by warm-up, bench,
 tests and the chat page, so every latency figure is measured the same way: from sending the
-request to the first content delta) and vLLM's Prometheus ``/metrics``.
+request to the first content delta), the served models and their context (``/v1/models``), token
+counts with the model's tokenizer (``/tokenize``) and vLLM's Prometheus ``/metrics``.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
 
-from backend.errors import EngineDown, EngineTimeout
+from backend.errors import EngineDown, EngineRefused, EngineTimeout
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 """Bind addresses that mean "every interface": a client on this machine uses loopback."""
@@ -53,6 +54,9 @@ def chat_errors(base_url: str, replying: Callable[[], bool] = lambda: False) -> 
         raise EngineDown(f"Cannot reach the engine at {base_url} (is it running?).") from None
     except httpx.TimeoutException:
         raise EngineTimeout(f"The engine at {base_url} did not answer in time.") from None
+    except httpx.HTTPStatusError as err:  # raise_for_status on a plain (not streamed) request
+        code, what = err.response.status_code, err.request.url.path.rsplit("/", 1)[-1]
+        raise EngineRefused(f"The engine refused {what}: HTTP {code} {err.response.text[:200]}", code) from None
     except httpx.HTTPError as err:
         when = "mid-reply" if replying() else "before the reply began"
         raise EngineDown(
@@ -292,6 +296,51 @@ async def ask(
         extra={"ignore_eos": True},
         session=session,
     )
+
+
+# -- /v1/models and /tokenize -----------------------------------------------------------------
+@dataclass(frozen=True)
+class ServedModel:
+    """One model the engine lists: its served name and context length (vLLM lists both)."""
+
+    id: str
+    max_model_len: int | None
+
+
+def served_models(listing: Any) -> list[ServedModel]:
+    """``/v1/models``' JSON as ServedModels (for a caller with its own HTTP client)."""
+    data = listing.get("data") if isinstance(listing, dict) else None
+    return [
+        ServedModel(str(m.get("id", "?")), m.get("max_model_len") if isinstance(m.get("max_model_len"), int) else None)
+        for m in data or []
+        if isinstance(m, dict)
+    ]
+
+
+async def models(client: httpx.AsyncClient, base_url: str, api_key: str | None = None, **kw: Any) -> list[ServedModel]:
+    """The served models with their max_model_len (``GET /v1/models``); httpx's errors as they are
+    (an HTTP error status too), for the caller's own mapping (:func:`chat_errors`)."""
+    r = await client.get(f"{base_url.rstrip('/')}/models", headers=headers(api_key), **kw)
+    r.raise_for_status()
+    return served_models(r.json())
+
+
+async def count_tokens(
+    client: httpx.AsyncClient,
+    base_url: str,
+    model: str,
+    messages: str | Sequence[Mapping[str, Any]],
+    api_key: str | None = None,
+    **kw: Any,
+) -> int:
+    """Prompt tokens of a conversation (a text: one user message) with the model's own tokenizer
+    and chat template (``POST /tokenize``); httpx's errors as they are."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    body = {"model": model, "messages": list(messages)}
+    r = await client.post(f"{root_url(base_url)}/tokenize", json=body, headers=headers(api_key), **kw)
+    r.raise_for_status()
+    return int(r.json()["count"])
 
 
 # -- /metrics --------------------------------------------------------------------------------

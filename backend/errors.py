@@ -24,6 +24,7 @@ __all__ = [
     "EngineTimeout",
     "ErniechatError",
     "HardwareError",
+    "MeasureError",
     "ModelReadError",
     "NodeError",
     "PageError",
@@ -64,6 +65,13 @@ class WarmupError(ErniechatError, RuntimeError):
 
 class EngineNotReady(ErniechatError, RuntimeError):
     """A command needs a running, ready engine and the run directory has none."""
+
+
+class MeasureError(ErniechatError, RuntimeError):
+    """A measurement could not be taken (bench, tune, bench-startup, verify): a request failed, the
+    engine stopped or a client process died. The message says which."""
+
+    exit_code = 1
 
 
 class PageError(ErniechatError, RuntimeError):

@@ -10,6 +10,7 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from config.errors import PlanError
+from config.hardware.types import GIB
 
 ExecutorBackend = Literal["uni", "mp", "ray"]
 Device = Literal["cuda", "cpu"]
@@ -17,8 +18,6 @@ DType = Literal["bfloat16", "float16", "float32"]
 GpuSharing = Literal["time-slice", "mps"]
 CudagraphMode = Literal["auto", "FULL", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "PIECEWISE", "NONE"]
 """vLLM's ``compilation_config.cudagraph_mode`` values; ``auto``: not passed, vLLM's own choice."""
-
-GIB = 1024**3
 
 
 class Memory(BaseModel):

@@ -15,11 +15,11 @@ Where the rules come from:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from config.draft import PINNED_BY_YOU, Draft
 from config.errors import PlanError
 from config.hardware import Hardware
 from config.model import ModelSpec
@@ -28,29 +28,7 @@ from config.rules.cpu import plan_cpu
 from config.rules.gpu import plan_gpu
 from config.settings import WorkloadSettings
 
-__all__ = ["PINNED_BY_YOU", "Draft", "PlanError", "coerce_pins", "make_plan"]
-
-PINNED_BY_YOU = "pinned by you"
-
-
-@dataclass
-class Draft:
-    """Mutable working state the rules write to; becomes a frozen ``Plan`` at the end."""
-
-    values: dict[str, Any] = field(default_factory=dict)
-    reasons: dict[str, str] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    pins: dict[str, Any] = field(default_factory=dict)
-
-    def set(self, key: str, value: Any, reason: str) -> Any:
-        """Record a derived value unless the user pinned it; return the value in force."""
-        if key in self.pins:
-            self.values[key] = self.pins[key]
-            self.reasons[key] = PINNED_BY_YOU  # make_plan adds the planner's own pick without the pin
-            return self.pins[key]
-        self.values[key] = value
-        self.reasons[key] = reason
-        return value
+__all__ = ["PlanError", "coerce_pins", "make_plan"]
 
 
 def make_plan(
@@ -80,7 +58,7 @@ def make_plan(
             gpus=draft.values.pop("gpus", []),
             environment=draft.values.pop("environment", {}),
             memory=memory,
-            reasons=draft.reasons,
+            reasons=dict(draft.reasons),
             warnings=draft.warnings,
             pinned=sorted(draft.pins),
             **draft.values,

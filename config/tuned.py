@@ -19,9 +19,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from config.errors import TunedProfileError
+from config.draft import PINNED_BY_YOU
+from config.errors import PlanError, TunedProfileError
 from config.plan import PINNABLE, Plan
-from config.planner import PINNED_BY_YOU, PlanError
 
 TUNED_DIR = "tuned"
 MAX_KEY_LEN = 120

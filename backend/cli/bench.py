@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -17,14 +18,15 @@ from backend.measure.bench import (
     DEFAULT_MIX,
     KEEPALIVE_VARIANTS,
     BenchOptions,
+    BenchReport,
     bench_engine,
     cap_levels,
     parse_levels,
     table,
     this_machine,
-    write_report,
 )
 from backend.measure.levels import LEVEL_TIME_CAP_S, Target
+from backend.measure.plots import plot_bench
 from backend.runtime.rundir import RunDir
 from config.plan import PINNABLE
 from config.settings import Settings
@@ -71,9 +73,13 @@ def running_target(
         context["hardware"] = status.hardware
         context["demo"] = status.demo
         context["warmup"] = status.warmup.model_dump() if status.warmup else None
-        plan = RunDir(run_dir).plan_values()
-        keys = ("summary", "hardware", "device", *PINNABLE)
-        context["plan"] = {k: plan[k] for k in keys if k in plan} or {"summary": status.plan_summary}
+        plan = RunDir(run_dir).plan()
+        context["plan"] = (
+            {"summary": plan.summary(), "hardware": plan.hardware, "device": plan.device}
+            | {k: getattr(plan, k) for k in PINNABLE}
+            if plan is not None
+            else {"summary": status.plan_summary}
+        )
         url = url or status.base_url
         model = model or status.served_name
     elif url is None:
@@ -145,3 +151,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     print(f"wrote {json_path}" + (f" and {png}" if png else ""))
     errors = sum(r.errors for r in report.results)
     return 1 if errors else 0
+
+
+def write_report(report: BenchReport, out: Path) -> tuple[Path, Path | None]:
+    """bench.json and bench.png in ``out``; the PNG is None (with a note in the report) without matplotlib."""
+    out.mkdir(parents=True, exist_ok=True)
+    png: Path | None = out / "bench.png"
+    note = plot_bench(report, out / "bench.png")
+    if note:
+        report.notes.append(note)
+        png = None
+    json_path = out / "bench.json"
+    json_path.write_text(json.dumps(report.model_dump(mode="json"), indent=2))
+    return json_path, png

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ from backend.errors import UsageError
 from backend.measure.bench import this_machine
 from backend.measure.plots import plot_startup
 from backend.measure.startup_bench import PAUSE_S, measure_start
+from backend.measure.startup_records import StartupReport, StartupRun
 from backend.runtime.process import unwind_on_signals
 from config.settings import Settings
 
@@ -40,37 +40,38 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         idle = [float(x) for x in args.idle.split(",") if x.strip()]
     except ValueError:
         raise UsageError(f"--idle {args.idle!r}: seconds, comma-separated, e.g. 30,120") from None
-    runs = []
+    report = StartupReport(machine=this_machine(), model=settings.model.id, runs=[])
     for warmup in {"both": (True, False), "on": (True,), "off": (False,)}[args.warmup]:
         print(f"starting with warm-up {'on' if warmup else 'off'} ...", flush=True)
         run_dir = out / f"engine-warmup-{'on' if warmup else 'off'}"
         run = measure_start(settings, warmup=warmup, run_dir=run_dir, idle_s=idle, page=args.page)
-        runs.append(run)
-        if run["ok"]:
+        report.runs.append(run)
+        if isinstance(run, StartupRun):
             print(
-                f"  ready in {run['ready_s']:.1f} s; first user TTFT {run['first_user_ttft_s'] * 1000:.0f} ms, "
-                f"steady {run['steady_ttft_s'] * 1000:.0f} ms",
+                f"  ready in {run.ready_s:.1f} s; first user TTFT {run.first_user_ttft_s * 1000:.0f} ms, "
+                f"steady {run.steady_ttft_s * 1000:.0f} ms",
                 flush=True,
             )
-            for name, w in run["paths"].items():
-                after = w.get("paused_ttft_s")
+            for name, w in run.paths.items():
+                after = w.paused_ttft_s
                 paused = f", after {PAUSE_S:g} s idle {after * 1000:6.1f} ms" if after else ""
                 print(
-                    f"  {name:28} first {w['first_ttft_s'] * 1000:6.1f} ms, steady {w['steady_ttft_s'] * 1000:6.1f} ms"
+                    f"  {name:28} first {w.first_ttft_s * 1000:6.1f} ms, steady {w.steady_ttft_s * 1000:6.1f} ms"
                     + paused
                 )
-            for rnd in run["after_idle_s"]:
-                page, w = next(iter(rnd["paths"].items()))
-                worst = max(rnd["paths"].items(), key=lambda kv: kv[1]["first_over_steady"])
+            for rnd in run.after_idle_s:
+                page, w = next(iter(rnd.paths.items()))
+                worst = max(rnd.paths.items(), key=lambda kv: kv[1].first_over_steady)
+                over_paused = "-" if w.first_over_paused is None else w.first_over_paused
                 print(
-                    f"  after {rnd['slept_s']:g} s idle (load {rnd['load1']}): {page} first "
-                    f"{w['first_ttft_s'] * 1000:.1f} ms, steady {w['steady_ttft_s'] * 1000:.1f} ms "
-                    f"(x{w['first_over_steady']}; x{w.get('first_over_paused', '-')} the requests after "
-                    f"{PAUSE_S:g} s idle); worst path {worst[0]} x{worst[1]['first_over_steady']}",
+                    f"  after {rnd.slept_s:g} s idle (load {rnd.load1}): {page} first "
+                    f"{w.first_ttft_s * 1000:.1f} ms, steady {w.steady_ttft_s * 1000:.1f} ms "
+                    f"(x{w.first_over_steady}; x{over_paused} the requests after "
+                    f"{PAUSE_S:g} s idle); worst path {worst[0]} x{worst[1].first_over_steady}",
                     flush=True,
                 )
-            footers = run.get("page_chat_footers_ms") or [[] for _ in run["page_chat_ttfts_s"]]
-            for i, ((first, *later), shown) in enumerate(zip(run["page_chat_ttfts_s"], footers, strict=True)):
+            footers = run.page_chat_footers_ms or [[] for _ in run.page_chat_ttfts_s]
+            for i, ((first, *later), shown) in enumerate(zip(run.page_chat_ttfts_s, footers, strict=True)):
                 seen = [x for x in later if x is not None]
                 steady = statistics.median(seen) if seen else None
                 ratio = f"x{first / steady:.2f}" if first and steady else "no visible text in one of them"
@@ -81,9 +82,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 )
                 print(f"  page start {i + 1}: first new chat {first} s, later (median) {steady} s ({ratio}){split}")
         else:
-            print(f"  failed: {run['error']}", flush=True)
-    report = {"machine": this_machine(), "model": settings.model.id, "runs": runs}
-    (out / "startup.json").write_text(json.dumps(report, indent=2))
-    note = plot_startup(runs, out / "startup.png")
+            print(f"  failed: {run.error}", flush=True)
+    (out / "startup.json").write_text(report.model_dump_json(indent=2))
+    note = plot_startup(report.runs, out / "startup.png")
     print(f"wrote {out / 'startup.json'}" + (f" ({note})" if note else f" and {out / 'startup.png'}"))
-    return 0 if all(r["ok"] for r in runs) else 1
+    return 0 if all(r.ok for r in report.runs) else 1

@@ -10,23 +10,21 @@ skipped with a note when matplotlib is missing).
 from __future__ import annotations
 
 import asyncio
-import json
 import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
 from pydantic import BaseModel, Field
 
-from backend.engine_api import headers, root_url
+from backend.engine_api import models, root_url
 from backend.errors import UsageError
 from backend.measure.levels import LEVEL_TIME_CAP_S, Load, Target, measure_level, measure_page_level
-from backend.measure.prompts import prompt_shapes
 from backend.measure.stats import Level
+from backend.prompts import prompt_shapes
 
 DEFAULT_LEVELS = (1, 4, 16, 64)
 DEFAULT_MAX_TOKENS = 128
@@ -139,16 +137,14 @@ async def engine_info(target: Target) -> dict[str, Any]:
     info: dict[str, Any] = {"version": None, "max_model_len": None}
     base_url = target.base_url
     async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as client:
-        r = await client.get(f"{base_url.rstrip('/')}/models", headers=headers(target.api_key))
-        r.raise_for_status()
-        models = r.json().get("data", [])
-        listed = [m for m in models if m.get("id") == target.model]
+        served = await models(client, base_url, target.api_key)
+        listed = [m for m in served if m.id == target.model]
         if not listed:
-            names = ", ".join(m.get("id", "?") for m in models) or "none"
-            raise ValueError(
+            names = ", ".join(m.id for m in served) or "none"
+            raise UsageError(
                 f"the engine at {base_url} does not serve '{target.model}' (it serves: {names}); use --model"
             )
-        info["max_model_len"] = listed[0].get("max_model_len")
+        info["max_model_len"] = listed[0].max_model_len
         try:
             v = await client.get(f"{root_url(base_url)}/version")
             if v.status_code == 200:
@@ -162,7 +158,7 @@ def bench_engine(target: Target, options: BenchOptions, say: Callable[[str], Non
     """Every level on every path; the report that ``bench.json`` holds (without files)."""
     o = options
     if o.keepalive not in KEEPALIVE_VARIANTS:
-        raise ValueError(f"keepalive={o.keepalive!r}: use on, off or both")
+        raise UsageError(f"keepalive={o.keepalive!r}: use on, off or both")
     started = datetime.now(UTC)
     t0 = time.perf_counter()
     info = asyncio.run(engine_info(target))
@@ -279,21 +275,6 @@ def table(report: BenchReport) -> str:
     for c, added in report.page_added_ttft_ms.items():
         lines.append(f"page added TTFT at c={c}: {_f(added)} ms (page p50 − direct p50)")
     return "\n".join(lines)
-
-
-def write_report(report: BenchReport, out: Path) -> tuple[Path, Path | None]:
-    """bench.json and bench.png in ``out``; the PNG is None (with a note in the report) without matplotlib."""
-    from backend.measure.plots import plot_bench
-
-    out.mkdir(parents=True, exist_ok=True)
-    png: Path | None = out / "bench.png"
-    note = plot_bench(report, out / "bench.png")
-    if note:
-        report.notes.append(note)
-        png = None
-    json_path = out / "bench.json"
-    json_path.write_text(json.dumps(report.model_dump(mode="json"), indent=2))
-    return json_path, png
 
 
 def this_machine() -> str:

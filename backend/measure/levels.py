@@ -20,9 +20,10 @@ from typing import Any
 import httpx
 
 from backend.engine_api import ChatResult, ask
+from backend.errors import UsageError
 from backend.measure.loadgen import JobFn, Ready, Span, client_processes, fan_out, merge, split
-from backend.measure.prompts import prompt_of
 from backend.measure.stats import Level, summarize
+from backend.prompts import prompt_of
 
 LEVEL_TIME_CAP_S = 120.0
 """No new request starts after this many seconds in one level."""
@@ -59,7 +60,7 @@ class Load:
     def __post_init__(self) -> None:
         words = (self.prompt_words,) if isinstance(self.prompt_words, int) else tuple(self.prompt_words)
         if not words or min(words) < 1:
-            raise ValueError("prompt_words: one or more word counts, each at least 1")
+            raise UsageError("prompt_words: one or more word counts, each at least 1")
         object.__setattr__(self, "prompt_words", words)
 
     def prompt(self, i: int) -> str:
@@ -154,7 +155,7 @@ async def measure_level(target: Target, concurrency: int, n_requests: int, load:
 async def _spread(fn: JobFn, job: dict[str, Any], concurrency: int, n_requests: int, load: Load) -> Level:
     """One level as ``fn`` measures it, in one client process or shared by several (``loadgen``)."""
     if concurrency < 1 or n_requests < 1:
-        raise ValueError("concurrency and n_requests must be at least 1")
+        raise UsageError("concurrency and n_requests must be at least 1")
     procs = min(load.processes or client_processes(concurrency), concurrency, n_requests)
     jobs = [
         {**job, "load": load, "concurrency": c, "n_requests": n, "part": k}
@@ -207,7 +208,7 @@ def page_span(job: dict[str, Any], ready: Ready) -> Span:
 async def _page_span(
     page_url: str, cookie: str | None, load: Load, concurrency: int, n_requests: int, ready: Ready, part: int = 0
 ) -> Span:
-    from backend.measure.page_client import PageError, PageSession, loopback_sources, session_from
+    from backend.page_client import PageError, PageSession, loopback_sources, session_from
 
     # Each open tab holds one of the session's connections: no pool limit (aiohttp's 100 would
     # leave the 101st tab waiting for a connection that never frees). Tabs come from several

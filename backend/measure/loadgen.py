@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backend.engine_api import ChatResult
+from backend.errors import MeasureError
 
 STREAMS_PER_PROCESS = 8
 """Fewer concurrent streams than this per process are not worth a process."""
@@ -128,5 +129,5 @@ def fan_out(fn: JobFn, jobs: list[dict[str, Any]], timeout_s: float) -> list[Spa
                 p.kill()
     failed = [e for e in errors if not e.startswith(STOPPED_AT_START)] or errors
     if errors:
-        raise RuntimeError(f"load generation failed in {len(failed)} of {len(jobs)} client processes: {failed[0]}")
+        raise MeasureError(f"load generation failed in {len(failed)} of {len(jobs)} client processes: {failed[0]}")
     return spans

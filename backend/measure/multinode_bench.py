@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from backend.engine_api import chat
+from backend.errors import MeasureError
 from backend.runtime.process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,9 +52,9 @@ def wait_ready(run_dir: Path, procs: list[subprocess.Popen[str]], timeout: float
         if any(line.startswith("ready:") for line in out.read_text().splitlines()):
             return
         if any(p.poll() is not None for p in procs):
-            raise RuntimeError(f"exited before ready:\n{out.read_text()[-3000:]}")
+            raise MeasureError(f"exited before ready:\n{out.read_text()[-3000:]}")
         time.sleep(0.2)
-    raise RuntimeError("not ready in time")
+    raise MeasureError("not ready in time")
 
 
 def ttfts(port: int, n: int) -> tuple[list[float], list[float]]:
@@ -66,7 +67,7 @@ def ttfts(port: int, n: int) -> tuple[list[float], list[float]]:
                 messages = [{"role": "user", "content": "Hello there, how are you?"}]
                 r = await chat(http, f"http://127.0.0.1:{port}/v1", "demo", messages, extra={"min_tokens": 32})
                 if not r.ok or r.ttft_s is None:
-                    raise RuntimeError(f"a reply failed: {r.error}")
+                    raise MeasureError(f"a reply failed: {r.error}")
                 found.append(r.ttft_s)
                 rates.append((r.tokens - 1) / (r.total_s - r.ttft_s))
         return found, rates

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 import httpx
 
 from backend.engine_api import ChatResult, chat
-from backend.measure.page_client import PageSession
-from backend.measure.prompts import prompt_of
+from backend.page_client import PageSession
+from backend.prompts import prompt_of
 
 PATHS = ("direct", "page", "echo")
 

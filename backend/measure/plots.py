@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from backend.measure.startup_records import StartupFailure, StartupRun
 
 if TYPE_CHECKING:
     from backend.measure.bench import BenchReport
@@ -93,17 +95,17 @@ def plot_tune(report: TuneReport, path: Path) -> str | None:
     return _save(path, (max(8, 2.2 * len(rows) + 4), 4.8), draw)
 
 
-def plot_startup(runs: list[dict[str, Any]], path: Path) -> str | None:
+def plot_startup(runs: Sequence[StartupRun | StartupFailure], path: Path) -> str | None:
     """startup.png: launch to ready, and the first user's TTFT against the steady one."""
-    ok = [r for r in runs if r["ok"]]
-    labels = [f"warm-up {'on' if r['warmup'] else 'off'}" for r in ok]
+    ok = [r for r in runs if isinstance(r, StartupRun)]
+    labels = [f"warm-up {'on' if r.warmup else 'off'}" for r in ok]
 
     def draw(fig: Any, a: Any, b: Any) -> None:
-        a.bar(labels, [r["ready_s"] for r in ok], color="#888")
+        a.bar(labels, [r.ready_s for r in ok], color="#888")
         a.set_ylabel("launch to ready (s)")
         x = range(len(ok))
-        b.bar([i - 0.2 for i in x], [r["first_user_ttft_s"] * 1000 for r in ok], 0.4, label="first user request")
-        b.bar([i + 0.2 for i in x], [r["steady_ttft_s"] * 1000 for r in ok], 0.4, label="steady (median of next)")
+        b.bar([i - 0.2 for i in x], [r.first_user_ttft_s * 1000 for r in ok], 0.4, label="first user request")
+        b.bar([i + 0.2 for i in x], [r.steady_ttft_s * 1000 for r in ok], 0.4, label="steady (median of next)")
         b.set_xticks(list(x), labels)
         b.set_ylabel("TTFT (ms)")
         b.legend()

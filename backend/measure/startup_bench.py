@@ -16,20 +16,20 @@ Output: a table, ``startup.json`` and ``startup.png`` (``plots.plot_startup``).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 
-from backend.engine_api import KINDS, ChatResult, Kind, ask, headers, request
-from backend.measure.page_client import NO_VISIBLE_REPLY, PageSession
-from backend.measure.prompts import prompt_of
+from backend.engine_api import KINDS, ChatResult, Kind, ask, models, request
+from backend.errors import MeasureError
+from backend.measure.startup_records import IdleRound, PathWarmth, StartupFailure, StartupRun
+from backend.page_client import NO_VISIBLE_REPLY, PageSession
+from backend.prompts import prompt_of
 from backend.runtime.process import free_port
 from backend.runtime.serve import Server, logged_server
 from backend.runtime.up import WATCH_S, ChatPage
@@ -46,7 +46,7 @@ PAUSED_REQUESTS = 3
 
 async def path_warmth(
     base_url: str, model: str, api_key: str | None, pause_s: float = PAUSE_S
-) -> dict[str, dict[str, float]]:
+) -> dict[str, PathWarmth]:
     """Per request path: its first request against the median of the next few sent back to back
     (``steady``) and of a few each sent after ``pause_s`` idle (``paused``: what a chat user's
     messages meet; on one H200 host a request after even 1 s idle cost 1.1-1.3x the next ones
@@ -57,7 +57,7 @@ async def path_warmth(
     paused: dict[str, list[float]] = {kind.name: [] for kind in KINDS}
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0)) as client:
         # the client's own first use (its connection, its HTTP code's first run), not the engine's
-        (await client.get(f"{base_url.rstrip('/')}/models", headers=headers(api_key))).raise_for_status()
+        await models(client, base_url, api_key)
         for n in (1, PATH_REQUESTS - 1):
             for kind in KINDS:
                 for _ in range(n):
@@ -66,20 +66,18 @@ async def path_warmth(
             for _ in range(PAUSED_REQUESTS):
                 await asyncio.sleep(pause_s)
                 paused[kind.name].append(await _path_ttft(client, base_url, model, kind, api_key))
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, PathWarmth] = {}
     for name, ttfts in timed.items():
         steady = statistics.median(ttfts[1:])
-        out[name] = {
-            "first_ttft_s": round(ttfts[0], 4),
-            "steady_ttft_s": round(steady, 4),
-            "first_over_steady": round(ttfts[0] / steady, 2) if steady else 0.0,
-        }
+        out[name] = PathWarmth(
+            first_ttft_s=round(ttfts[0], 4),
+            steady_ttft_s=round(steady, 4),
+            first_over_steady=round(ttfts[0] / steady, 2) if steady else 0.0,
+        )
         if paused[name]:
             after_pause = statistics.median(paused[name])
-            out[name] |= {
-                "paused_ttft_s": round(after_pause, 4),
-                "first_over_paused": round(ttfts[0] / after_pause, 2) if after_pause else 0.0,
-            }
+            out[name].paused_ttft_s = round(after_pause, 4)
+            out[name].first_over_paused = round(ttfts[0] / after_pause, 2) if after_pause else 0.0
     return out
 
 
@@ -89,7 +87,7 @@ async def path_request(
     """One measuring request of ``kind`` (a distinct 40-word prompt, a 16-token reply); raises if it fails."""
     res = await request(client, base_url, model, kind, prompt_of(40), max_tokens=REPLY_TOKENS, api_key=api_key)
     if not res.ok:
-        raise RuntimeError(f"{kind.name} request failed: {res.error}")
+        raise MeasureError(f"{kind.name} request failed: {res.error}")
     return res
 
 
@@ -97,7 +95,7 @@ async def _path_ttft(client: httpx.AsyncClient, base_url: str, model: str, kind:
     return (await path_request(client, base_url, model, kind, api_key)).ttft_s or 0.0
 
 
-def idle_round(server: Server, seconds: float) -> dict[str, Any]:
+def idle_round(server: Server, seconds: float) -> IdleRound:
     """Leave the engine alone for ``seconds`` (``serve``'s watch loop running), then every path's
     first request against its steady state; with the seconds actually idled and the machine's
     load (others share it)."""
@@ -105,18 +103,14 @@ def idle_round(server: Server, seconds: float) -> dict[str, Any]:
     while (left := seconds - (time.monotonic() - t0)) > 0:
         time.sleep(min(left, WATCH_S))
         if not server.check():
-            raise RuntimeError(f"the engine stopped while idle: {server.status.error}")
+            raise MeasureError(f"the engine stopped while idle: {server.status.error}")
     slept = time.monotonic() - t0
     load = os.getloadavg()[0]
     assert server.planned is not None
     paths = asyncio.run(path_warmth(server.base_url, server.planned.plan.served_name, server.settings.engine.api_key))
-    return {
-        "idle_s": seconds,
-        "slept_s": round(slept, 1),
-        "load1": round(load, 2),
-        "at": round(time.time(), 1),
-        "paths": paths,
-    }
+    return IdleRound(
+        idle_s=seconds, slept_s=round(slept, 1), load1=round(load, 2), at=round(time.time(), 1), paths=paths
+    )
 
 
 @dataclass(frozen=True)
@@ -144,7 +138,7 @@ async def page_first_chats(page_url: str, n: int = PAGE_CHATS, pause_s: float = 
         finally:
             await tab.close()
         if res.error and not res.error.startswith(NO_VISIBLE_REPLY):
-            raise RuntimeError(f"page chat failed: {res.error}")
+            raise MeasureError(f"page chat failed: {res.error}")
         out.append(PageChat(res.ttft_s, tab.shown_ttft_ms))
     return out
 
@@ -156,14 +150,16 @@ async def _user_requests(base_url: str, model: str, api_key: str | None, n: int)
         for _ in range(n):
             res = await ask(client, base_url, model, prompt_of(40), max_tokens=REPLY_TOKENS, api_key=api_key)
             if not res.ok:
-                raise RuntimeError(f"request failed: {res.error}")
+                raise MeasureError(f"request failed: {res.error}")
             out.append(res.ttft_s or 0.0)
     return out
 
 
 def measure_start(
     settings: Settings, *, warmup: bool, run_dir: Path, idle_s: Sequence[float] = (), page: bool = False
-) -> dict[str, Any]:
+) -> StartupRun | StartupFailure:
+    """One start with warm-up on or off: launch to ready, the first users' TTFTs, every path's
+    warmth, idle rounds and (``page``) the page's first chats."""
     s = settings.model_copy(deep=True)
     s.engine.warmup = warmup
     s.engine.port = free_port()
@@ -172,34 +168,33 @@ def measure_start(
     with logged_server(s, run_dir / "serve.log") as server:
         t0 = time.monotonic()
         if not server.start():
-            return {"warmup": warmup, "ok": False, "error": server.status.error}
+            return StartupFailure(warmup=warmup, error=server.status.error)
         ready_s = time.monotonic() - t0
         assert server.planned is not None
         model, key = server.planned.plan.served_name, s.engine.api_key
         ttfts = asyncio.run(_user_requests(server.base_url, model, key, USER_REQUESTS))
         paths = asyncio.run(path_warmth(server.base_url, model, key))
-        idle = []
+        idle: list[IdleRound] = []
         with open(run_dir / "idle.jsonl", "a") as log:  # each round as it ends: a long run keeps what it measured
             for seconds in idle_s:
                 idle.append(idle_round(server, seconds))
-                log.write(json.dumps(idle[-1]) + "\n")
+                log.write(idle[-1].model_dump_json() + "\n")
                 log.flush()
         page_chats = _page_chats(s, run_dir, server.planned.plan.page_processes) if page else []
-        return {
-            "paths": paths,
-            "after_idle_s": idle,
-            "page_chat_ttfts_s": [[c.ttft_s and round(c.ttft_s, 4) for c in chats] for chats in page_chats],
-            "page_chat_footers_ms": [[c.footer_ms for c in chats] for chats in page_chats],
-            "warmup": warmup,
-            "ok": True,
-            "ready_s": round(ready_s, 1),
-            "startup": server.status.startup,
-            "plan": server.planned.plan.summary(),
-            "first_user_ttft_s": round(ttfts[0], 4),
-            "steady_ttft_s": round(statistics.median(ttfts[1:]), 4),
-            "user_ttfts_s": [round(t, 4) for t in ttfts],
-            "warmup_record": server.status.warmup.model_dump() if server.status.warmup else None,
-        }
+        return StartupRun(
+            paths=paths,
+            after_idle_s=idle,
+            page_chat_ttfts_s=[[c.ttft_s and round(c.ttft_s, 4) for c in chats] for chats in page_chats],
+            page_chat_footers_ms=[[c.footer_ms for c in chats] for chats in page_chats],
+            warmup=warmup,
+            ready_s=round(ready_s, 1),
+            startup=server.status.startup,
+            plan=server.planned.plan.summary(),
+            first_user_ttft_s=round(ttfts[0], 4),
+            steady_ttft_s=round(statistics.median(ttfts[1:]), 4),
+            user_ttfts_s=[round(t, 4) for t in ttfts],
+            warmup_record=server.status.warmup,
+        )
 
 
 def _page_chats(settings: Settings, run_dir: Path, workers: int = 1, starts: int = PAGE_STARTS) -> list[list[PageChat]]:
@@ -215,7 +210,7 @@ def _page_chats(settings: Settings, run_dir: Path, workers: int = 1, starts: int
         try:
             why = page.wait_serving() or page.pay_first_use()
             if why:
-                raise RuntimeError(why)
+                raise MeasureError(why)
             out.append(asyncio.run(page_first_chats(page.url)))
         finally:
             page.stop()

@@ -13,11 +13,10 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
-from backend.engine_api import chat_errors, engine_url, headers, root_url
+from backend.engine_api import chat_errors, count_tokens, engine_url, models
 from backend.errors import ChatError, EngineDown, EngineRefused, EngineTimeout
 from backend.page.history import Fitted, Message, TemplateCost, fit
 from backend.page.sampling import Sampling
@@ -184,24 +183,14 @@ class EngineLink:
             self._clients[target.base_url] = httpx.AsyncClient(timeout=None, limits=limits)
         return self._clients[target.base_url]
 
-    async def call(self, target: Target, method: str, url: str, **kw: Any) -> httpx.Response:
-        """One plain request; the engine's errors become the page's sentences."""
-        http = self.client(target)
-        timeout = self.timeouts(target.status).for_httpx()
-        with chat_errors(target.base_url):
-            r = await http.request(method, url, headers=headers(target.api_key), timeout=timeout, **kw)
-        if r.status_code != 200:
-            raise EngineRefused(
-                f"The engine refused {url.rsplit('/', 1)[-1]}: HTTP {r.status_code} {r.text[:200]}", r.status_code
-            )
-        return r
-
     # -- what the engine can hold ------------------------------------------------------------
     async def count(self, target: Target, messages: list[Message]) -> int:
         """Prompt tokens of a conversation with the model's own tokenizer and chat template."""
-        body = {"model": target.model, "messages": messages}
-        r = await self.call(target, "POST", f"{root_url(target.base_url)}/tokenize", json=body)
-        return int(r.json()["count"])
+        timeout = self.timeouts(target.status).for_httpx()
+        with chat_errors(target.base_url):
+            return await count_tokens(
+                self.client(target), target.base_url, target.model, messages, target.api_key, timeout=timeout
+            )
 
     async def prepare(self, target: Target) -> None:
         """Learn the engine's window and template cost before the first message (a chat start
@@ -218,8 +207,10 @@ class EngineLink:
         return self._facts[key]
 
     async def _learn(self, target: Target) -> EngineFacts:
-        r = await self.call(target, "GET", f"{target.base_url}/models")
-        found = [m.get("max_model_len") for m in r.json().get("data", []) if m.get("id") == target.model]
+        timeout = self.timeouts(target.status).for_httpx()
+        with chat_errors(target.base_url):
+            served = await models(self.client(target), target.base_url, target.api_key, timeout=timeout)
+        found = [m.max_model_len for m in served if m.id == target.model]
         length = found[0] if found and found[0] else self._planned_len()
         if not length:
             raise EngineRefused(f"The engine does not list the model '{target.model}' or its context length.")

@@ -43,7 +43,7 @@ def plan_markdown(status: EngineStatus | None, run_dir: RunDir) -> str:
     """What runs and why, from the status file and ``plan.json``: the page's live section."""
     if status is None:
         return "_No engine has been started from this run directory yet._"
-    plan = run_dir.plan_values()
+    plan = run_dir.plan()
     detail = f" — {status.detail} ({status.progress:.0%})" if status.state != "ready" and status.detail else ""
     lines = [f"**Engine:** {status.state}{detail}  "]
     lines += [f"> {note}  " for note in status.notes]
@@ -64,7 +64,7 @@ def plan_markdown(status: EngineStatus | None, run_dir: RunDir) -> str:
     if status.plan_reasons:
         lines += ["", "| Setting | Value | Why |", "|---|---|---|"]
         for key, why in status.plan_reasons.items():
-            value = plan.get(key, "")
+            value = getattr(plan, key, "")
             if isinstance(value, dict):
                 value = ", ".join(f"{k}={v}" for k, v in value.items())
             lines.append(f"| `{key}` | {str(value).replace('|', '/')} | {why.replace('|', '/')} |")

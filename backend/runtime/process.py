@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -51,11 +52,34 @@ def port_in_use(host: str, port: int) -> bool:
     return bind_problem(host, port) is not None
 
 
+FIRST_PORT = 10000
+"""Ports for servers this project starts are drawn from here up to the kernel's ephemeral range."""
+_GIVEN: set[int] = set()
+"""Ports handed out in this process: two runs drawn for one start (a head's and its master port) are
+free when drawn but not yet held, so a second draw could overlap the first."""
+
+
+def free_run(count: int, host: str = "127.0.0.1") -> int:
+    """A port P with P .. P + count - 1 free on ``host``, below the kernel's ephemeral range: a port
+    the kernel hands out as free lies where outgoing connections take theirs while an engine starts
+    (one took a routed plan's router metrics port: "already in use"), and a head derives its engines'
+    and the router's metrics ports from its own (P + 1, P + 2)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if low - count <= FIRST_PORT:
+        raise EngineStartError(f"the ephemeral port range starts at {low}: no room below it for a server's ports")
+    for _ in range(200):
+        port = random.randrange(FIRST_PORT, low - count)
+        run = range(port, port + count)
+        if not _GIVEN.intersection(run) and all(bind_problem(host, p) is None for p in run):
+            _GIVEN.update(run)
+            return port
+    raise EngineStartError(f"no {count} consecutive free ports below {low}")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (for engines started by tune and benchmarks)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """One free port on ``host`` below the kernel's ephemeral range (for engines and pages started by
+    tune, the benchmarks and the tests)."""
+    return free_run(1, host)
 
 
 def log_tail(path: Path, n: int = 8) -> str:

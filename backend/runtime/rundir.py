@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from backend.errors import EngineNotReady, PlanError
 from backend.runtime.status import EngineStatus, WarmupRecord, read_status, write_status
@@ -68,11 +67,6 @@ class RunDir:
             raise EngineNotReady(f"cannot read the running plan {self.plan_path}: {err.strerror}") from None
         except PlanError as err:
             raise EngineNotReady(f"cannot use the running plan: {err}") from None
-
-    def plan_values(self) -> dict[str, Any]:
-        """The plan as shown to people (``plan --json``'s shape); empty when there is none."""
-        plan = self.plan()
-        return plan.as_json() if plan is not None else {}
 
     # -- warm-up -----------------------------------------------------------------------------
     def write_warmup(self, record: WarmupRecord) -> None:

@@ -20,9 +20,9 @@ from collections.abc import Callable
 
 import httpx
 
-from backend.engine_api import KINDS, PAGE_SAMPLING, ChatResult, Kind, fetch_metrics, per_engine, request
+from backend.engine_api import KINDS, PAGE_SAMPLING, ChatResult, Kind, count_tokens, fetch_metrics, per_engine, request
 from backend.errors import WarmupError
-from backend.measure.prompts import LONG_CAP, count_tokens, prompt_of, sized_prompt, tokens_per_word
+from backend.prompts import LONG_CAP, prompt_of, sized_prompt, tokens_per_word
 from backend.runtime.status import KindWarmth, WarmupRecord
 from config.plan import Plan
 

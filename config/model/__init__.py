@@ -5,8 +5,7 @@ heads, experts, dtype, parameter count, KV bytes per token) is derived from the 
 ``config.json``: a local directory, a path to the file, or a Hugging Face id read through
 the local cache (``HF_HOME`` / ``HF_HUB_CACHE``, ``HF_HUB_OFFLINE``).
 
-- ``spec``: ``ModelSpec``, the shape and its byte counts (weights, KV per token).
-- ``params``: the parameter count from the shape.
+- ``spec``: ``ModelSpec``, the shape and its byte counts (weights, KV per token, parameters).
 - ``config_json``: a parsed config.json -> ``ModelSpec`` (``model_from_config``).
 - ``reading``: find and read the file (``read_model``); ``hub``: the Hugging Face cache and hub.
 """

@@ -12,8 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from config.errors import ModelReadError
-from config.model.params import UNGATED_MLP_TYPES
-from config.model.spec import Dtype, ModelSpec
+from config.model.spec import UNGATED_MLP_TYPES, Dtype, ModelSpec
 
 _DTYPE_ALIASES: dict[str, Dtype] = {
     "bfloat16": "bfloat16",

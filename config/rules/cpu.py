@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from config.draft import Draft
 from config.errors import PlanError
 from config.hardware import Hardware, too_old_for_vllm
 from config.model import ModelSpec
@@ -16,9 +15,6 @@ from config.rules.graphs import cpu_graphs
 from config.rules.memory import CPU_RUNTIME_RESERVE, choose_max_len, cpu_kv_cache, weights_per_gpu
 from config.rules.parallel import cpu_parallel
 from config.settings import WorkloadSettings
-
-if TYPE_CHECKING:
-    from config.planner import Draft
 
 CPU_ENGINE_CORE_NICE = 19
 

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from config.draft import Draft
 from config.errors import PlanError
 from config.hardware import GPUInfo, Hardware
 from config.model import ModelSpec
-
-if TYPE_CHECKING:
-    from config.planner import Draft
 
 # vLLM refuses float16 for these model types (vllm/config/model.py, numerical instability).
 FLOAT16_UNSTABLE = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"})

@@ -10,16 +10,13 @@ A big model keeps one engine per GPU group.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
+from config.draft import Draft
 from config.errors import PlanError
 from config.hardware import GPUInfo, Hardware
 from config.plan import GIB
 from config.rules.memory import CUDA_RUNTIME_RESERVE, DEFAULT_GPU_UTILIZATION
 from config.settings import WorkloadSettings
-
-if TYPE_CHECKING:
-    from config.planner import Draft
 
 SHARED_GPU_MIN_BYTES = 70 * GIB
 """GPUs this big have room for two or three copies of a small model and their KV caches."""

@@ -8,14 +8,10 @@ settings, not plan values, and live in ``config.settings``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from config.draft import Draft
 from config.hardware import Hardware
 from config.model import ModelSpec
 from config.settings import WorkloadSettings
-
-if TYPE_CHECKING:
-    from config.planner import Draft
 
 SMALL_MODEL_ACTIVE_PARAMS = 3 * 10**9
 """Below this many active parameters, HTTP and (de)tokenising, not the GPU, set the ceiling."""

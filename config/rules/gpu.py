@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
+from config.draft import Draft
 from config.hardware import GPUInfo, Hardware, too_old_for_vllm
 from config.model import ModelSpec
 from config.plan import GIB, Memory
@@ -25,9 +25,6 @@ from config.rules.memory import (
 )
 from config.rules.parallel import choose_parallel, choose_replicas
 from config.settings import WorkloadSettings
-
-if TYPE_CHECKING:
-    from config.planner import Draft
 
 
 def plan_gpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: WorkloadSettings) -> Memory:

@@ -10,14 +10,10 @@ steps up to 1024 tokens; BENCHMARKS.md#whole-step-cuda-graphs).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from config.draft import Draft
 from config.hardware import GPUInfo
 from config.model import ModelSpec
 from config.rules.frontend import host_bound
-
-if TYPE_CHECKING:
-    from config.planner import Draft
 
 FULL_GRAPH_CAPABILITY = (9, 0)
 """Hopper and later: vLLM runs FlashAttention 3 there, whose attention it can capture in a graph for

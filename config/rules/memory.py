@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from config.draft import Draft
 from config.errors import PlanError
 from config.hardware import GPUInfo, NodeInfo
 from config.model import ModelSpec
 from config.plan import GIB
 from config.settings import WorkloadSettings
-
-if TYPE_CHECKING:
-    from config.planner import Draft
 
 DEFAULT_GPU_UTILIZATION = 0.90
 CUDA_RUNTIME_RESERVE = int(1.0 * GIB)  # CUDA context, torch, CUDA graphs

@@ -16,17 +16,14 @@ Small models get replicas, not TP, whatever the objective (BENCHMARKS.md#two-gpu
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from config.draft import Draft
 from config.errors import PlanError
 from config.hardware import GPUInfo, Hardware
 from config.model import ModelSpec
 from config.plan import GIB
 from config.rules.memory import CPU_RUNTIME_RESERVE, MIN_CONTEXT, fits, kv_tokens, not_fit_error, weights_per_gpu
 from config.settings import WorkloadSettings
-
-if TYPE_CHECKING:
-    from config.planner import Draft
 
 # Below this much weight per GPU, decoding is too short for TP's all-reduces to pay off
 # (BENCHMARKS.md#two-gpus-replicas-not-tp).

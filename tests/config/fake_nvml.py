@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-GIB = 1024**3
+from config.hardware import GIB
 
 
 class FakeNVMLError(Exception):

@@ -30,7 +30,7 @@ import pytest
 from support.ports import free_port
 from support.services import ROOT
 
-from backend.measure.page_client import PageError, PageSession
+from backend.page_client import PageError, PageSession
 
 PASSWORD = "tulip-orbit-canvas-41"
 """A login password the page takes beyond loopback."""

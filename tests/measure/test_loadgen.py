@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from backend.engine_api import ChatResult
+from backend.errors import MeasureError
 from backend.measure.levels import Load, Target, direct_span
 from backend.measure.loadgen import Span, client_processes, fan_out, merge, split
 
@@ -30,7 +31,7 @@ def test_split_and_merge_keep_every_request_and_the_whole_span() -> None:
 
 
 def test_a_failing_client_process_is_reported_not_waited_for() -> None:
-    with pytest.raises(RuntimeError, match="1 of 2 client processes: TypeError"):
+    with pytest.raises(MeasureError, match="1 of 2 client processes: TypeError"):
         fan_out(direct_span, [{"bad": 1}, {**GOOD_JOB, "concurrency": 1, "n_requests": 1}], timeout_s=30)
 
 

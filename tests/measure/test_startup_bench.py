@@ -20,12 +20,13 @@ def test_every_path_is_measured_back_to_back_and_after_a_pause(engine: Engine) -
     took = time.monotonic() - t0
     assert list(paths) == [kind.name for kind in KINDS]
     for name, w in paths.items():
-        assert min(w["first_ttft_s"], w["steady_ttft_s"], w["paused_ttft_s"]) > 0, (name, w)
-        assert abs(w["first_over_paused"] - w["first_ttft_s"] / w["paused_ttft_s"]) < 0.06, (name, w)
-        assert abs(w["first_over_steady"] - w["first_ttft_s"] / w["steady_ttft_s"]) < 0.06, (name, w)
+        assert w.paused_ttft_s is not None and w.first_over_paused is not None, (name, w)
+        assert min(w.first_ttft_s, w.steady_ttft_s, w.paused_ttft_s) > 0, (name, w)
+        assert abs(w.first_over_paused - w.first_ttft_s / w.paused_ttft_s) < 0.06, (name, w)
+        assert abs(w.first_over_steady - w.first_ttft_s / w.steady_ttft_s) < 0.06, (name, w)
     assert took >= len(KINDS) * PAUSED_REQUESTS * pause_s, f"the paused requests did not wait ({took:.1f} s)"
 
 
 def test_without_a_pause_only_back_to_back_is_reported(engine: Engine) -> None:
     paths = asyncio.run(path_warmth(engine.base_url, engine.served_name, None, pause_s=0))
-    assert all("paused_ttft_s" not in w and w["steady_ttft_s"] > 0 for w in paths.values()), paths
+    assert all(w.paused_ttft_s is None and w.steady_ttft_s > 0 for w in paths.values()), paths

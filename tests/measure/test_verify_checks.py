@@ -12,8 +12,6 @@ import pytest
 from support.services import ROOT
 
 from backend.engine_api import ChatResult
-from backend.measure.page_client import NO_VISIBLE_REPLY
-from backend.measure.prompts import prompt_lengths
 from backend.measure.verify.checks import (
     GPUReading,
     LinkReading,
@@ -28,7 +26,9 @@ from backend.measure.verify.checks import (
     find_nccl_problems,
 )
 from backend.measure.verify.run import VISIBLE_RESENDS, mps_server_pids, send_prompts
-from config.hardware import load_profile
+from backend.page_client import NO_VISIBLE_REPLY
+from backend.prompts import prompt_lengths
+from config.hardware import GIB, load_profile
 from config.model import read_model
 from config.plan import Plan
 from config.planner import make_plan
@@ -37,7 +37,7 @@ from config.settings import WorkloadSettings
 if TYPE_CHECKING:
     pass
 
-GIB = 1024**3
+
 ERNIE = read_model(ROOT / "tests" / "data" / "ernie-4.5-0.3b-pt.json")
 
 

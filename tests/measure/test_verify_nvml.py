@@ -14,11 +14,10 @@ from backend.measure.verify.checks import (
     check_link,
 )
 from backend.measure.verify.nvml import Sampler, gpu_handles, read_gpu, read_link
+from config.hardware import GIB
 
 if TYPE_CHECKING:
     pass
-
-GIB = 1024**3
 
 
 # ============================================================================ NVML readers

@@ -33,12 +33,12 @@ from support.waiting import group_gone, until_async
 
 from backend.engine_api import ChatResult, fetch_metrics, total
 from backend.errors import EngineRefused, EngineTimeout, TooLong
-from backend.measure.page_client import user_message
 from backend.page import render
 from backend.page.history import TemplateCost, fit
 from backend.page.link import EngineLink, Target, prefill_s
 from backend.page.sampling import Sampling, checked
 from backend.page.stream import stream_reply
+from backend.page_client import user_message
 from backend.runtime.groups import group_processes
 from backend.runtime.rundir import RunDir
 from backend.runtime.status import EngineStatus, WarmupRecord, read_status
@@ -131,7 +131,7 @@ def test_one_client_per_engine_and_each_request_brings_its_own_deadline(tmp_path
         async def ask() -> float:
             t0 = time.perf_counter()
             with pytest.raises(EngineTimeout, match="did not answer in time"):
-                await link.call(Target(url, "m", None, None), "GET", f"{url}/models")
+                await link.facts(Target(url, "m", None, None))  # GET /v1/models
             return time.perf_counter() - t0
 
         took = asyncio.run(ask())

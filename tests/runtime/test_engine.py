@@ -28,7 +28,7 @@ from support.services import ENGINE_PYTHON, ROOT, BackendProcess, Engine, backen
 
 from backend.engine_api import KINDS, ChatResult, chat, fetch_metrics, total
 from backend.errors import EngineStartError
-from backend.measure.prompts import prompt_of
+from backend.prompts import prompt_of
 from backend.runtime import child_tmp, leftovers, mps
 from backend.runtime.display import Display
 from backend.runtime.engines import Engine as RuntimeEngine

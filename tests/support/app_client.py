@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import socketio
 
-from backend.measure.page_client import SOCKET_PATH, browser_auth, session_from, user_message
+from backend.page_client import SOCKET_PATH, browser_auth, session_from, user_message
 
 FOOTER = re.compile(r"TTFT (\d+) ms \(engine (\d+) ms\) · (\d+) tokens · ([\d.]+) tok/s")
 """The page's latency footer under a reply."""

@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, model_serializer
 
-from backend.measure.prompts import Shape
 from backend.measure.stats import Level
+from backend.prompts import Shape
 
 
 def _drop_absent(data: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:

@@ -23,11 +23,11 @@ import httpx
 from backend.errors import UsageError
 from backend.measure.bench import client_note
 from backend.measure.levels import Load, Target, measure_level
-from backend.measure.prompts import Shape, long_tokens, prompt_room, prompt_shapes
 from backend.measure.stats import Level
 from backend.measure.tune.candidates import Candidate, enumerate_candidates, inert, order_candidates, plan_values
 from backend.measure.tune.records import CandidateRecord, TuneReport
 from backend.measure.tune.selection import compare_default, select_best
+from backend.prompts import Shape, long_tokens, prompt_room, prompt_shapes
 from backend.runtime.process import free_port
 from config.hardware import Hardware
 from config.settings import Settings

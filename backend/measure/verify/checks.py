@@ -20,6 +20,7 @@ from collections.abc import Sequence, Set
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from config.hardware import GIB
 from config.plan import Plan
 
 Result = Literal["pass", "fail", "warn", "skip"]
@@ -256,7 +257,7 @@ def check_memory_balance(readings: Sequence[GPUReading]) -> Check:
     """Used memory within MEMORY_SPREAD_MAX of each other across the plan's GPUs."""
     threshold = f"(max-min)/max <= {MEMORY_SPREAD_MAX:.0%}"
     used = {r.index: r.used_bytes for r in readings}
-    shown = ", ".join(f"GPU{i}: {b / 1024**3:.1f} GiB" for i, b in used.items())
+    shown = ", ".join(f"GPU{i}: {b / GIB:.1f} GiB" for i, b in used.items())
     if len(readings) < 2:
         return Check("GPU memory balance", "pass", shown, threshold, "one GPU: nothing to compare", 0.0)
     top = max(used.values())

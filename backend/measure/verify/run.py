@@ -21,8 +21,6 @@ import httpx
 
 from backend.engine_api import ChatResult, ask
 from backend.errors import EngineNotReady
-from backend.measure.page_client import NO_VISIBLE_REPLY
-from backend.measure.prompts import prompt_lengths, prompt_of, prompts_of
 from backend.measure.verify.checks import (
     MPS_SERVER_COMM,
     PromptTiming,
@@ -37,6 +35,8 @@ from backend.measure.verify.checks import (
     gpu_skips,
 )
 from backend.measure.verify.nvml import Sampler, open_gpus, read_gpu, read_link, sampled
+from backend.page_client import NO_VISIBLE_REPLY
+from backend.prompts import prompt_lengths, prompt_of, prompts_of
 from backend.runtime.rundir import RunDir
 from backend.runtime.status import EngineStatus, read_status
 from config.plan import Plan
@@ -109,9 +109,9 @@ async def send_prompts(prompts: Sequence[str], lengths: Sequence[int], ask: Ask)
 def page_session_class() -> tuple[Any | None, str]:
     """``backend.page_client.PageSession`` where the page path can run, else None and why not."""
     try:
-        from backend.measure.page_client import PageSession
+        from backend.page_client import PageSession
     except ImportError as err:
-        return None, f"backend.measure.page_client cannot be imported ({err})"
+        return None, f"backend.page_client cannot be imported ({err})"
     if importlib.util.find_spec("socketio") is None:
         return None, "python-socketio is not installed"
     return PageSession, ""
@@ -137,7 +137,7 @@ async def run_prompts(
     if page_url:
         session_class, why = page_session_class()
         if session_class is not None:
-            from backend.measure.page_client import PageError
+            from backend.page_client import PageError
 
             unreachable: list[str] = []
 

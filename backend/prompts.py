@@ -2,7 +2,7 @@
 
 Every prompt opens with a fresh nonce, so the prefix cache never answers for the engine and
 each first-token time is a real prefill. Sizes are measured with the served model's
-tokenizer (``/tokenize``) once per run: ``tokens_per_word`` of this text, then words for a
+tokenizer (``engine_api.count_tokens``) once per run: ``tokens_per_word`` of this text, then words for a
 target token count (``sized_prompt``). Used by the warm-up, bench, tune, bench-startup and
 verify.
 """
@@ -16,7 +16,8 @@ from collections.abc import Sequence
 import httpx
 from pydantic import BaseModel
 
-from backend.engine_api import headers, root_url
+from backend.engine_api import count_tokens
+from backend.errors import UsageError
 
 WORDS = [
     "the",
@@ -56,16 +57,6 @@ def prompt_of(n_words: int) -> str:
     """Distinct text of about ``n_words`` words: a fresh nonce defeats the prefix cache."""
     words = itertools.islice(itertools.cycle(WORDS), n_words)
     return f"[{uuid.uuid4().hex[:12]}] " + " ".join(words)
-
-
-async def count_tokens(client: httpx.AsyncClient, base_url: str, model: str, text: str, api_key: str | None) -> int:
-    r = await client.post(
-        f"{root_url(base_url)}/tokenize",
-        json={"model": model, "messages": [{"role": "user", "content": text}]},
-        headers=headers(api_key),
-    )
-    r.raise_for_status()
-    return int(r.json()["count"])
 
 
 async def tokens_per_word(client: httpx.AsyncClient, base_url: str, model: str, api_key: str | None) -> float:
@@ -116,7 +107,7 @@ async def prompt_shapes(
     """
     room = prompt_room(max_model_len, max_tokens)
     if room < 8:
-        raise ValueError(f"--max-tokens {max_tokens} leaves no room for a prompt in max_model_len {max_model_len}")
+        raise UsageError(f"--max-tokens {max_tokens} leaves no room for a prompt in max_model_len {max_model_len}")
     targets: dict[str, int] = {}
     for item in mix:
         if item == "short":
@@ -128,7 +119,7 @@ async def prompt_shapes(
         elif item.isdigit():
             targets[item] = min(int(item), room)
         else:
-            raise ValueError(f"prompt mix item {item!r}: use short, medium, long or a token count")
+            raise UsageError(f"prompt mix item {item!r}: use short, medium, long or a token count")
     shapes: dict[str, Shape] = {}
     async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as client:
         per_word = await tokens_per_word(client, base_url, model, api_key) if targets else 0.0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backend.measure.prompts import long_tokens, prompt_lengths, prompt_of, prompt_room, prompts_of, sized_prompt
+from backend.prompts import long_tokens, prompt_lengths, prompt_of, prompt_room, prompts_of, sized_prompt
 
 
 def test_prompt_lengths_are_distinct_and_fit() -> None:
