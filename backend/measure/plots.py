@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from backend.measure.startup_records import StartupFailure, StartupRun
 
@@ -13,25 +13,52 @@ if TYPE_CHECKING:
     from backend.measure.tune.records import TuneReport
 
 
-def _save(path: Path, size: tuple[float, float], draw: Callable[[Any, Any, Any], None]) -> str | None:
-    """Two axes side by side, drawn by ``draw(fig, left, right)``, saved to ``path``.
-
-    Returns a note instead when matplotlib is missing."""
+def _save(path: Path | IO[bytes], size: tuple[float, float], draw: Callable[[Any, Any, Any], None]) -> str | None:
+    """Two axes side by side, drawn by ``draw(fig, left, right)``, saved as PNG to ``path`` (a file
+    or an open binary stream). A figure of its own, not pyplot's shared state, so that a page may
+    draw in a thread. Returns a note instead when matplotlib is missing."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
     except ImportError:
-        return f"matplotlib is not installed: {path.name} skipped (pip install matplotlib)"
-    fig, (left, right) = plt.subplots(1, 2, figsize=size)
-    try:
-        draw(fig, left, right)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-    finally:
-        plt.close(fig)
+        name = path.name if isinstance(path, Path) else "the plot"
+        return f"matplotlib is not installed: {name} skipped (pip install matplotlib)"
+    fig = Figure(figsize=size)
+    left, right = fig.subplots(1, 2)
+    draw(fig, left, right)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format="png")
     return None
+
+
+def plot_latency(rows: list[dict[str, Any]], out: IO[bytes]) -> str | None:
+    """The page's latency panel: TTFT per reply (its parts stacked where the engine reports them)
+    and a histogram of TTFT."""
+    ttft = [(i + 1, r) for i, r in enumerate(rows) if isinstance(r.get("ttft_ms"), (int, float))]
+
+    def draw(fig: Any, ax_t: Any, ax_h: Any) -> None:
+        xs = [i for i, _ in ttft]
+        split = all(r.get("queue_ms") is not None and r.get("http_ms") is not None for _, r in ttft)
+        if split and ttft:
+            bottom = [0.0] * len(ttft)
+            parts = (("page_ms", "page"), ("http_ms", "HTTP"), ("queue_ms", "queue"), ("prefill_ms", "prefill"))
+            for key, label in parts:
+                part = [float(r.get(key) or 0.0) for _, r in ttft]
+                ax_t.bar(xs, part, bottom=bottom, label=label)
+                bottom = [b + p for b, p in zip(bottom, part, strict=True)]
+            ax_t.legend(fontsize=8)
+        else:
+            ax_t.bar(xs, [float(r["ttft_ms"]) for _, r in ttft], color="C0")
+        ax_t.set_xlabel("reply")
+        ax_t.set_ylabel("TTFT (ms)")
+        ax_t.set_title("Time to first token per reply")
+        ax_h.hist([float(r["ttft_ms"]) for _, r in ttft], bins=min(20, max(len(ttft), 1)), color="C0")
+        ax_h.set_xlabel("TTFT (ms)")
+        ax_h.set_ylabel("replies")
+        ax_h.set_title("TTFT histogram")
+        for ax in (ax_t, ax_h):
+            ax.grid(True, axis="y", alpha=0.3)
+
+    return _save(out, (10, 3.6), draw)
 
 
 def plot_bench(report: BenchReport, path: Path) -> str | None:

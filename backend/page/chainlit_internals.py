@@ -55,6 +55,21 @@ def serve_readme_from(directory: Path) -> None:
     chainlit_config.root = str(directory)
 
 
+def own_files_folder(directory: Path) -> None:
+    """Keep the files this page sends (the latency panel's CSV, exports) in ``directory``, its own:
+    Chainlit's default is one ``.files`` folder of the app's root, which every page started from the
+    same checkout shares and deletes when it stops, so a file being sent by another page failed."""
+    import chainlit.config
+    import chainlit.server
+
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:  # an unwritable run dir: Chainlit's own folder it is
+        return
+    chainlit.config.FILES_DIRECTORY = directory  # read on each use by the session (its files_dir)
+    chainlit.server.FILES_DIRECTORY = directory  # removed at the server's shutdown
+
+
 def running_reply() -> tuple[Any, asyncio.Task[Any]] | None:
     """The current session and its running handler, if one is still running."""
     session = cl.context.session

@@ -19,15 +19,16 @@ def progress_line(status: EngineStatus) -> str:
     return f"Engine **{status.state}**: {status.detail or '…'} — {status.progress:.0%}"
 
 
-def footer(result: ChatResult, *, stopped: bool = False) -> str:
+def footer(result: ChatResult, *, stopped: bool = False, split: str = "") -> str:
     """``TTFT 23 ms (engine 21 ms) · 48 tokens · 35.2 tok/s``: the first token as the user
-    waited for it (from the message reaching the page), and the engine's share of that."""
+    waited for it (from the message reaching the page), and the engine's share of that; then
+    ``split``, its parts and the time of day (``latency.split_line``)."""
     if result.ttft_s is None:
         ttft = "no first token"
     else:
         engine = result.engine_ttft_s or 0.0
         ttft = f"TTFT {result.ttft_s * 1000:.0f} ms (engine {engine * 1000:.0f} ms)"
-    line = f"{ttft} · {result.tokens} tokens · {result.tokens_per_s:.1f} tok/s"
+    line = f"{ttft} · {result.tokens} tokens · {result.tokens_per_s:.1f} tok/s" + (f" · {split}" if split else "")
     return f"stopped · {line}" if stopped else line
 
 

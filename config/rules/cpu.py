@@ -10,7 +10,7 @@ from config.plan import GIB, Memory
 from config.rules.batching import cpu_batching
 from config.rules.dtype import as_served, cpu_dtype
 from config.rules.engines import cpu_engines
-from config.rules.frontend import cpu_frontend, page_processes
+from config.rules.frontend import cpu_frontend, page_processes, reply_metrics
 from config.rules.graphs import cpu_graphs
 from config.rules.memory import CPU_RUNTIME_RESERVE, choose_max_len, cpu_kv_cache, weights_per_gpu
 from config.rules.parallel import cpu_parallel
@@ -50,6 +50,7 @@ def plan_cpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
     cpu_graphs(draft)
     cpu_frontend(draft)
     page_processes(draft, hardware, model, workload)
+    reply_metrics(draft, hardware)
     cpu_engine_core_nice(draft)
     return Memory(
         device_bytes=node.memory_bytes,

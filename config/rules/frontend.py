@@ -111,3 +111,29 @@ def cpu_frontend(draft: Draft) -> None:
     draft.set("api_server_count", 1, "one API server: the CPU engine itself is the bottleneck")
     draft.set("async_scheduling", False, "not supported by the CPU engine")
     draft.set("stream_interval", 1, "every token as it comes: the CPU engine is slower than its API server")
+
+
+def reply_metrics(draft: Draft, hardware: Hardware) -> None:
+    """Set per_request_metrics and prompt_tokens_details: what the page's footer splits each reply's
+    first-token time with. Each flag only where the engine's vLLM has it (the GPU build, vLLM 0.24, has
+    no per-request metrics)."""
+    if hardware.has_gpu:
+        draft.set(
+            "per_request_metrics",
+            False,
+            "off: the GPU engine's vLLM 0.24 has no --enable-per-request-metrics, so the footer says queue and "
+            "prefill are not reported (BENCHMARKS.md#per-reply-metrics)",
+        )
+    else:
+        draft.set(
+            "per_request_metrics",
+            True,
+            "on: each reply's queue and prefill times for the page's footer; engine CPU per token 1.03x off, "
+            "within noise (BENCHMARKS.md#per-reply-metrics)",
+        )
+    draft.set(
+        "prompt_tokens_details",
+        True,
+        "on: the prompt tokens each reply took from the prefix cache, for the page's footer; a count vLLM "
+        "has at hand (BENCHMARKS.md#per-reply-metrics)",
+    )

@@ -11,7 +11,7 @@ from config.plan import GIB, Memory
 from config.rules.batching import gpu_max_num_batched_tokens, gpu_max_num_seqs, prefill_chunk
 from config.rules.dtype import as_served, gpu_dtype
 from config.rules.engines import gpu_engines, gpu_sharing, share_memory
-from config.rules.frontend import gpu_frontend, page_processes
+from config.rules.frontend import gpu_frontend, page_processes, reply_metrics
 from config.rules.graphs import gpu_graphs, whole_step_graphs
 from config.rules.memory import (
     CUDA_RUNTIME_RESERVE,
@@ -68,6 +68,7 @@ def plan_gpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: Workl
     gpu_graphs(draft, gpus, model, mnbt)
     gpu_frontend(draft, hardware, model, workload, dp, engines, routed=engines > 1 or nodes > 1)
     page_processes(draft, hardware, model, workload)
+    reply_metrics(draft, hardware)
     gpu_engine_core_nice(draft, hardware)
     return Memory(
         device_bytes=smallest.memory_bytes,

@@ -49,6 +49,7 @@ EVENTS = (
     "task_start",
     "task_end",
     "chat_settings",
+    "element",
 )
 
 
@@ -70,6 +71,8 @@ class ChatClient:
         self.tokens: dict[str, int] = {}
         """stream_token events per message id."""
         self.actions: list[dict[str, Any]] = []
+        self.elements: list[dict[str, Any]] = []
+        """Files and images the page attached to its messages (``forId``: the message)."""
         self.task_ends = 0
         self.finished: set[str] = set()
         """Handler runs that have ended: ``on_chat_start``, and the ids of messages ``on_message`` answered."""
@@ -94,6 +97,8 @@ class ChatClient:
                 self.steps.pop(data["id"], None)
             elif name == "action":
                 self.actions.append(data)
+            elif name == "element":
+                self.elements.append(data)
             elif name == "remove_action":
                 self.actions = [a for a in self.actions if a["id"] != data["id"]]
             elif name == "task_end":
@@ -180,6 +185,23 @@ class ChatClient:
         reply = self.reply_to(mid)
         assert reply is not None, f"no reply to {text[:40]!r}; messages: {self.texts()}"
         return reply
+
+    async def command(self, name: str, text: str = "", timeout: float = 120) -> str:
+        """Pick ``/name`` in the message box's command menu and send ``text`` with it; returns once
+        the page has handled it, with the message's id."""
+        step = {**user_message(text), "command": name}
+        await self.sio.emit("client_message", {"message": step, "fileReferences": []})
+        await self.wait_for(lambda: step["id"] in self.finished, timeout)
+        return step["id"]
+
+    async def file(self, element: dict[str, Any]) -> bytes:
+        """The content of a file the page attached, fetched as the browser's download link does."""
+        async with httpx.AsyncClient(timeout=60) as http:
+            r = await http.get(
+                f"{self.url}/project/file/{element['chainlitKey']}", params={"session_id": self.session_id}
+            )
+        r.raise_for_status()
+        return r.content
 
     async def stop(self) -> None:
         """The stop button."""
