@@ -14,12 +14,14 @@ import time
 import traceback
 
 import chainlit as cl
+from chainlit.chat_context import chat_context
 from chainlit.input_widget import Slider, TextInput
+from chainlit.types import ThreadDict
 from fastapi import HTTPException
 
 from backend.engine_api import ChatResult
 from backend.errors import ChatError, EngineDown, EngineTimeout, ErniechatError, TooLong
-from backend.page import auth, panel
+from backend.page import auth, chats, panel
 from backend.page import chainlit_internals as internals
 from backend.page.history import valid_text
 from backend.page.latency import AllChats, EngineStarts, received_at
@@ -92,6 +94,10 @@ if login_on:
 
     internals.use_password_login(login)
 
+store = chats.open_chats(settings)  # the page chats unsaved, and says so, when the database fails
+chats.use_identity(chats.local_user_applies(settings, internals.bind_host(), login_on))
+panel.COMMANDS.append(chats.EXPORT_COMMAND)
+
 
 @cl.set_starters
 async def starters(user: cl.User | None = None, language: str | None = None) -> list[cl.Starter]:
@@ -123,8 +129,11 @@ class Progress:
 
 
 @cl.on_chat_start
-async def start() -> None:
-    cl.user_session.set("history", [])
+async def start(history: list[dict[str, str]] | None = None) -> None:
+    """A new chat, or (``history`` given) a reopened one going on with the model's history rebuilt."""
+    cl.user_session.set("history", history or [])
+    if notice := chats.not_saved_notice(store):
+        await cl.Message(content=notice).send()
     a = settings.app
     await cl.ChatSettings(
         [
@@ -137,7 +146,7 @@ async def start() -> None:
     ).send()
     await panel.announce()
     status = link.status()
-    if status and status.demo:
+    if status and status.demo and history is None:
         plan = f"Plan: {status.plan_summary} · Hardware: {status.hardware} · the Readme says why."
         await cl.Message(content=f"{DEMO}\n\n{plan}").send()
     if status is None or status.state == "ready":
@@ -152,6 +161,12 @@ async def start() -> None:
                 waiting.msg = cl.Message(content="")
                 await waiting.msg.send()
             await waiting.close(f"⚠️ {err}")
+
+
+@cl.on_chat_resume
+async def resume(thread: ThreadDict) -> None:
+    """A past chat reopened (the sidebar, or a socket's ``threadId``; Chainlit checked it is the user's)."""
+    await start(chats.history_of(thread))
 
 
 async def refused(text: str, reply_to: str) -> bool:
@@ -175,7 +190,8 @@ async def answer(text: str, reply_to: str, t0: float) -> None:
     ``t0``: when the message reached the page; the footer's first-token time counts from it."""
     internals.set_answering(asyncio.current_task())
     try:
-        await answer_one(text, reply_to, t0)
+        with store.reply():  # the chat's database writes wait until the reply is done
+            await answer_one(text, reply_to, t0)
     finally:
         internals.set_answering(None)
 
@@ -207,7 +223,7 @@ async def answer_one(text: str, reply_to: str, t0: float) -> None:
     except asyncio.CancelledError:  # Stop: the engine's stream is closed already; keep what was said
         await waiting.close("Stopped waiting for the engine.")
         if result.text:
-            history += [{"role": "user", "content": text}, {"role": "assistant", "content": result.text}]
+            chats.remember(history, reply, text, result.text)
         if sent:
             split = panel.keep_timing(reply, result, target, all_chats, engine_starts, stopped=True)
             reply.content = with_footer(result.text, footer(result, stopped=True, split=split))
@@ -226,7 +242,7 @@ async def answer_one(text: str, reply_to: str, t0: float) -> None:
         why = f"The page failed on this message ({type(err).__name__}: {err}); its log has the details."
         await show_failure(reply, sent, result, text, reply_to, why, retry=True, when="")
     else:
-        history += [{"role": "user", "content": text}, {"role": "assistant", "content": result.text}]
+        chats.remember(history, reply, text, result.text)
         note = ""
         if fitted.dropped_turns:
             n = fitted.dropped_turns
@@ -283,6 +299,9 @@ async def on_message(message: cl.Message) -> None:
         if (running := internals.answering()) is not None:
             internals.stop_reaches(running)  # Stop still reaches the reply being written
         await panel.show(args, all_chats)
+        return
+    if chats.is_export(message):
+        await chats.send_export(chat_context.get(), f"Chat {cl.context.session.thread_id}")
         return
     if not await refused(text, message.id):
         await answer(text, message.id, t0)

@@ -37,8 +37,10 @@ DEFAULT_TOML = "erniechat.toml"
 ROOT = Path(__file__).resolve().parents[1]
 
 Objective = Literal["latency", "throughput", "balanced"]
+DATABASE_SCHEMES = ("postgresql://", "postgresql+asyncpg://", "postgres://", "sqlite://", "sqlite+aiosqlite://")
+"""The chat store's database URLs (``app.database_url``)."""
 
-SECRET_KEYS = ("app.users", "app.auth_secret", "engine.api_key")
+SECRET_KEYS = ("app.users", "app.auth_secret", "engine.api_key", "app.database_url")
 """Values never echoed in an error message (nor any section or entry holding one)."""
 JSON_EXAMPLES = {
     "engine.extra_args": '["--flag", "value"]',
@@ -160,6 +162,20 @@ class AppSettings(_Section):
     Required, with the secret, when the page listens beyond loopback (backend/page/auth.py)."""
     auth_secret: str | None = None
     """Signs the login cookie; the environment's CHAINLIT_AUTH_SECRET wins when set."""
+    database_url: str | None = None
+    """Where chats are kept: ``postgresql://user:password@host/db`` for Postgres, ``sqlite:///path`` for
+    another SQLite file; default: ``chats.db`` in the run directory (``engine.run_dir``, the container's
+    ``/data``). The page creates and upgrades its tables itself (``backend/page/chats.py``)."""
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_database(cls, value: str | None) -> str | None:
+        """Only the two databases the page's chat store is tested on; the URL is never echoed."""
+        if value is not None and not value.startswith(DATABASE_SCHEMES):
+            raise PydanticCustomError(
+                "database_url", "a Postgres (postgresql://...) or SQLite (sqlite:///path) URL is needed"
+            )
+        return value
 
 
 class Settings(BaseSettings):

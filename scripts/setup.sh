@@ -63,10 +63,12 @@ else
   .venv-engine/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 
-# Debian packages for the tests: chromium (browser test); podman, mmdebstrap, runc (the image test)
+# Debian packages for the tests: chromium (browser test); podman, mmdebstrap, runc (the image test); postgresql
 apt_missing=""
 if [ "$want_tests" = 1 ]; then
   for tool in chromium podman mmdebstrap runc; do command -v "$tool" >/dev/null || apt_missing="$apt_missing $tool"; done
+  # postgresql: the chat store's tests run a throwaway cluster (its programs are off the PATH)
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || apt_missing="$apt_missing postgresql"
 fi
 if [ -n "$apt_missing" ]; then
   echo "setup: installing Debian's$apt_missing for the tests"

@@ -50,16 +50,26 @@ EVENTS = (
     "task_end",
     "chat_settings",
     "element",
+    "resume_thread",
 )
 
 
 class ChatClient:
     """One browser tab: its own session id, the steps it was shown, the actions it holds."""
 
-    def __init__(self, url: str, session_id: str | None = None, source: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        session_id: str | None = None,
+        source: str | None = None,
+        thread_id: str = "",
+        cookie: str | None = None,
+    ) -> None:
         """``session_id`` of an earlier tab: this one reconnects to that session, as a browser does.
-        ``source``: the client address this tab's socket and clicks come from (default: any)."""
+        ``source``: the client address this tab's socket and clicks come from (default: any).
+        ``thread_id``: a past chat to reopen (the sidebar's link); ``cookie``: a login's ``Cookie`` header."""
         self.url = url.rstrip("/")
+        self.thread_id, self.cookie = thread_id, cookie
         self.session_id = session_id or str(uuid.uuid4())
         self.source = source
         http = {"http_session": functools.partial(session_from, source)} if source else {}
@@ -114,13 +124,20 @@ class ChatClient:
             self.url,
             socketio_path=SOCKET_PATH,
             transports=["websocket"],
-            auth=browser_auth(self.session_id),
+            auth={**browser_auth(self.session_id), "threadId": self.thread_id},
+            headers={"Cookie": self.cookie} if self.cookie else {},
             wait_timeout=timeout,
         )
         await self.sio.emit("connection_successful")
-        if wait_start:
+        if wait_start and self.thread_id:  # a past chat: open once the page has sent it back
+            await self.wait_for(lambda: self.seen("resume_thread"), timeout)
+        elif wait_start:
             await self.wait_for(lambda: "on_chat_start" in self.finished, timeout)
         return self
+
+    def seen(self, event: str) -> list[Any]:
+        """The data of each ``event`` the page sent so far."""
+        return [data for name, data in self.events if name == event]
 
     async def close(self) -> None:
         await self.sio.disconnect()
