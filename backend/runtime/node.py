@@ -48,7 +48,7 @@ from backend.runtime.node_identity import (
 from backend.runtime.resolve import resolve_model
 from config.commands import with_extra_args, worker_argv
 from config.pipeline import planned_as_given
-from config.settings import Settings
+from config.settings import Settings, is_loopback
 
 HELLO_POLL_S = 1.0
 
@@ -237,13 +237,26 @@ def _run_stage(settings: Settings, job: JoinReply, link: HeadLink, model_path: s
         engine.stop()
 
 
+def replica_host(address: str, api_key: str | None, rank: int) -> str:
+    """Where this node's engines listen: ``address``, where the head's router reaches them. Beyond
+    loopback that is the network, so vLLM must ask for ``engine.api_key`` (the page's rule for an
+    engine host beyond loopback)."""
+    if not is_loopback(address) and not api_key:
+        raise NodeError(
+            f"node {rank}'s engines would listen on {address} for the head's router, beyond loopback, and "
+            "engine.api_key is not set: anyone on that network could use them; set the same "
+            "ERNIECHAT_ENGINE__API_KEY on every node"
+        )
+    return address
+
+
 def _run_replicas(
     settings: Settings, job: JoinReply, link: HeadLink, model_path: str, say: Callable[[str], None]
 ) -> str:
     """This node's engines, started and warmed as on one machine; returns why it stopped."""
     from backend.runtime.serve import Server
 
-    settings.engine.host = ip_towards(link.host)  # where the head's router reaches them
+    settings.engine.host = replica_host(ip_towards(link.host), settings.engine.api_key, link.rank)
     server = Server(settings, say=say, given=planned_as_given(settings, job.plan, model_path), node_rank=link.rank)
     link.state = "starting"
     try:

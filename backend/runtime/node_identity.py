@@ -81,7 +81,7 @@ def ip_towards(host: str) -> str:
 
 def resolves_to_loopback(host: str) -> bool:
     """True when the node address ``host`` (a name is looked up) is this host's loopback: nodes on
-    one host. The page's bind check (``backend.page.auth.is_loopback``) looks nothing up."""
+    one host. The bind checks (``config.settings.is_loopback``) look nothing up."""
     try:
         return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
     except (OSError, ValueError):

@@ -178,7 +178,11 @@ class Router:
         self.config = config
         self.log_path = log_path
         self.argv = router_argv(config, python)
-        self.process = ChildGroup(self.argv, {}, log_path, cwd=cwd or log_path.parent, own_tmp=OwnTmp("the router"))
+        self.cwd = cwd or log_path.parent
+        self.process = self._process()
+
+    def _process(self) -> ChildGroup:
+        return ChildGroup(self.argv, {}, self.log_path, cwd=self.cwd, own_tmp=OwnTmp("the router"))
 
     @property
     def url(self) -> str:
@@ -243,7 +247,21 @@ class Router:
             self.process.stop()
             raise
 
-    def _wait_routing(self, timeout_s: float) -> None:
+    def relaunch(self) -> None:
+        """A fresh router process (after it died) on the same ports; :meth:`wait_routing` follows."""
+        self.process.stop()
+        self.process = self._process()
+        self.process.start()
+
+    def wait_routing(self, timeout_s: float) -> None:
+        """Until the router routes to at least one engine (a relaunch, while others may be down)."""
+        try:
+            self._wait_routing(timeout_s, every=False)
+        except BaseException:
+            self.process.stop()
+            raise
+
+    def _wait_routing(self, timeout_s: float, every: bool = True) -> None:
         deadline = time.monotonic() + timeout_s
         want = {w.url for w in self.config.workers}
         with httpx.Client(timeout=httpx.Timeout(2.0)) as http:
@@ -253,11 +271,13 @@ class Router:
                     raise RouterError(
                         f"the router exited during start-up (code {code}); last log lines:\n{self.tail()}"
                     )
-                if want <= self._in_rotation(http):
+                routing = self._in_rotation(http)
+                if want <= routing or (routing and not every):
                     return
                 time.sleep(0.2)
+        which = "every" if every else "any"
         raise RouterError(
-            f"the router did not route to every engine after {timeout_s:.0f} s; last log lines:\n{self.tail()}"
+            f"the router did not route to {which} engine after {timeout_s:.0f} s; last log lines:\n{self.tail()}"
         )
 
     def _workers_reply(self, http: httpx.Client) -> list[dict[str, Any]] | None:
@@ -275,6 +295,9 @@ class Router:
     # -- while running -------------------------------------------------------------------
     def alive(self) -> bool:
         return self.process.proc is not None and self.process.exit_code() is None
+
+    def exit_code(self) -> int | None:
+        return self.process.exit_code()
 
     def health(self) -> list[WorkerHealth]:
         """Every engine: in the router's rotation or not, its own /health, the router's load on it."""

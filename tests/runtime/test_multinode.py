@@ -35,7 +35,7 @@ from backend.engine_api import ChatResult, chat, parse_metrics, total
 from backend.errors import NodeError
 from backend.runtime.cluster import BEAT_S, REJOIN_AFTER_S, Head, JoinRequest, Refused
 from backend.runtime.groups import group_processes
-from backend.runtime.node import HeadLink
+from backend.runtime.node import HeadLink, replica_host
 from backend.runtime.status import read_status
 from config.hardware import load_profile
 from config.model import read_model
@@ -402,3 +402,12 @@ def test_a_rank_joined_again_waits_for_its_earlier_node_to_fall_silent(earlier: 
 def test_worker_flags_need_each_other(tmp_path: Path, args: list[str], message: str) -> None:
     done = run_backend(tmp_path, "serve", *args, timeout=120)
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_replica_engines_beyond_loopback_need_the_api_key() -> None:
+    """A node's replica engines listen where the head's router reaches them: beyond loopback that is
+    the network, so without engine.api_key the node refuses before it starts an engine."""
+    with pytest.raises(NodeError, match=r"node 1's engines would listen on 192\.0\.2\.7 .* ERNIECHAT_ENGINE__API_KEY"):
+        replica_host("192.0.2.7", None, 1)
+    assert replica_host("192.0.2.7", "a-key", 1) == "192.0.2.7"
+    assert replica_host("127.0.0.1", None, 1) == "127.0.0.1"

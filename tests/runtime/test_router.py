@@ -19,13 +19,17 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from support.app_client import ChatClient, footer_of
+from support.page import start_page
 from support.ports import free_port, free_run
 from support.services import ROOT, BackendProcess, backend_env
 from support.waiting import DEADLINE_S, wait_until
@@ -207,10 +211,34 @@ class Reply:
     error: str | None
 
 
-def test_a_killed_engine_costs_at_most_the_reply_in_flight_and_rejoins(pair: Pair) -> None:
+@dataclass
+class Seen:
+    """The status file as a poller saw it: when, the run's state, the killed engine's own state."""
+
+    at: float
+    state: str
+    engine: str
+
+
+def watch_status(run_dir: Path, name: str, seen: list[Seen], stop: threading.Event) -> None:
+    while not stop.is_set():
+        status = read_status(run_dir)
+        if status is not None:
+            mine = [e.state for e in status.engines if e.name == name]
+            seen.append(Seen(time.monotonic(), status.state, mine[0] if mine else "missing"))
+        time.sleep(0.1)
+
+
+def test_a_killed_engine_costs_at_most_the_reply_in_flight_and_rejoins(pair: Pair, tmp_path: Path) -> None:
+    """The run stays ready while one engine is restarted: ``status`` names the dead engine within 2 s,
+    the page answers meanwhile (through the live engine), and the engine rejoins afterwards."""
     victim = pair.engines[1]
     users, replies = 4, list[Reply]()
     marks: dict[str, float] = {}
+    seen: list[Seen] = []
+    polling = threading.Event()
+    poller = threading.Thread(target=watch_status, args=(victim.run_dir, victim.name, seen, polling), daemon=True)
+    poller.start()
 
     async def user(u: int, stop: asyncio.Event) -> None:
         session, messages = f"user-{u}-{time.time_ns()}", [{"role": "user", "content": f"User {u} here."}]
@@ -254,9 +282,29 @@ def test_a_killed_engine_costs_at_most_the_reply_in_flight_and_rejoins(pair: Pai
         assert len([r for r in failed if r.user == u]) <= 1, f"user {u} lost more than the reply in flight: {failed}"
     assert not [r for r in failed if r.started > marks["out"]], f"failures after the engine was out: {failed}"
 
+    # meanwhile the run is ready and the page answers, through the engine that lives
+    page = start_page(victim.run_dir, tmp_path / "chainlit.log")
+    try:
+
+        async def through_the_page() -> dict[str, Any]:
+            async with ChatClient(page.url) as tab:
+                return await tab.ask("Anyone there?", timeout=DEADLINE_S)
+
+        footer_of(asyncio.run(through_the_page()))
+    finally:
+        page.stop()
+
     # serve restarts it on the same port: it rejoins, and the next new conversation goes there (fewest sessions)
     pair.serve.wait_for_line("engine 1 is back", timeout=DEADLINE_S * 2)
     back = time.monotonic()
+    polling.set()
+    poller.join()
+    down = [s.at for s in seen if s.at > marks["kill"] and s.engine in ("exited", "restarting")]
+    assert down and down[0] - marks["kill"] < 2.0, f"status named the dead engine {down[:1]} s after the kill"
+    assert {s.state for s in seen} == {"ready"}, f"the run left ready: {sorted({s.state for s in seen})}"
+    after = read_status(victim.run_dir)
+    assert after is not None
+    assert [e.state for e in after.engines] == ["serving", "serving"], after.engines
     wait_until(
         "the restarted engine is back in the rotation",
         lambda: [h.in_rotation for h in pair.router.health()] == [True, True],
@@ -264,6 +312,31 @@ def test_a_killed_engine_costs_at_most_the_reply_in_flight_and_rejoins(pair: Pai
     print(f"back in the rotation {time.monotonic() - back:.1f} s after serve said it was back")
     assert converse(pair, f"after-restart-{time.time_ns()}", 2) == [1, 1]
     assert pair.serve.proc and pair.serve.proc.poll() is None, "serve kept serving"
+
+
+def test_a_killed_router_is_restarted_and_the_run_is_ready_again(pair: Pair) -> None:
+    """Nobody can be served without the router: the run says so (starting) within 2 s, serve starts
+    it again on the same port, and the run is ready and routes to both engines."""
+    run_dir = pair.engines[0].run_dir
+    before = read_status(run_dir)
+    assert before is not None and before.router and before.state == "ready"
+    seen: list[Seen] = []
+    polling = threading.Event()
+    poller = threading.Thread(target=watch_status, args=(run_dir, "router", seen, polling), daemon=True)
+    poller.start()
+    os.killpg(int(before.router["pid"]), signal.SIGKILL)
+    killed = time.monotonic()
+    pair.serve.wait_for_line("the router is back (restart 1)", timeout=DEADLINE_S)
+    polling.set()
+    poller.join()
+    starting = [s.at for s in seen if s.state == "starting"]
+    assert starting and starting[0] - killed < 2.0, f"status said starting {starting[:1]} s after the kill"
+    after = read_status(run_dir)
+    assert after is not None and after.state == "ready" and after.router
+    assert after.router["pid"] != before.router["pid"]
+    wait_until("both engines in the rotation", lambda: [h.in_rotation for h in pair.router.health()] == [True, True])
+    first, second = (converse(pair, f"after-router-{n}-{time.time_ns()}", 1)[0] for n in range(2))
+    assert {first, second} == {0, 1}, "the restarted router does not spread new conversations"
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])

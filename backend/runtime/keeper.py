@@ -1,0 +1,327 @@
+"""After ready: ``serve`` keeps what it started alive, restarts what dies and tells ``status``.
+
+A dead engine, or the router, is started again in a thread of its own, at most
+``engine.restart_limit`` times within :data:`~backend.runtime.revive.RESTART_WINDOW_S`, each after a
+longer pause (``revive``). Behind the router the other engines serve meanwhile and the run stays
+ready; the plan's only engine, or the router, makes the run start again, so new messages wait for
+it. ``status`` shows every engine as ``serve`` sees it (its process, its restarts) beside the
+router's view, refreshed every :data:`ROUTER_CHECK_S`. :meth:`Keeper.halt` comes before the stop,
+so no restart starts a process after it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+from backend.errors import EngineStartError, WarmupError
+from backend.runtime.display import Display
+from backend.runtime.engines import Engine
+from backend.runtime.logwatch import Phase
+from backend.runtime.revive import RestartBudget
+from backend.runtime.router import Router, WorkerHealth
+from backend.runtime.status import EngineReport, EngineState, EngineStatus, WarmupRecord
+from config.pipeline import Planned
+from config.plan import Plan
+from config.settings import Settings
+
+ROUTER = "router"
+"""The router's key among the restarts under way (engines are keyed by their names)."""
+ROUTER_START_S = 60.0
+"""A relaunched router routes within seconds; this bound catches one that never does."""
+ROUTER_CHECK_S = 1.0
+"""How often the router and each engine's ``/health`` are asked (for ``status``) while serving."""
+
+
+class Kept(Protocol):
+    """What the keeper needs of ``serve``'s Server."""
+
+    settings: Settings
+    planned: Planned | None
+    engines: list[Engine]
+    router: Router | None
+    status: EngineStatus
+    node_rank: int
+    display: Display
+    say: Callable[[str], None]
+
+    def update(self, state: str | None = None, detail: str | None = None, progress: float | None = None) -> None: ...
+    def save(self) -> None: ...
+    def fail(self, message: str) -> None: ...
+    def node_problem(self) -> str | None: ...
+    def stop_engines(self) -> None: ...
+    def lower_engine_core(self, engine: Engine, plan: Plan) -> None: ...
+    def warm(
+        self, engine: Engine, plan: Plan, progress: Callable[[str, float], None] | None = None
+    ) -> WarmupRecord: ...
+
+
+@dataclass(frozen=True)
+class Revival:
+    """One thing to start again, as :meth:`Keeper._bring_back` drives it."""
+
+    key: str
+    """Its restart budget's name (an engine's name, or :data:`ROUTER`)."""
+    label: str
+    why: str
+    """Why it is being restarted (its exit), for the first message."""
+    announce: Callable[[str], None]
+    """Shows "restarting it" in ``status``."""
+    relaunch: Callable[[], None]
+    """A fresh process (under the keeper's lock)."""
+    until_back: Callable[[], None]
+    """Returns once it serves again; raises when it did not come back."""
+    back: Callable[[int], None]
+    """It serves again (the restarts within the window)."""
+    give_up: Callable[[str], None]
+    """Its restarts are spent (why)."""
+
+
+class Keeper:
+    """The restarts of one ``serve`` and its engines' records, from ready to stop."""
+
+    def __init__(self, server: Kept) -> None:
+        self.server = server
+        self.lifecycle = threading.Lock()
+        """Held while a process is started again, so that :meth:`halt` never misses one."""
+        self.stopping = False
+        self._budgets: dict[str, RestartBudget] = {}
+        self._reviving: dict[str, threading.Thread] = {}
+        self._gave_up: str | None = None
+        """Why the run cannot go on (the only engine, or the router, is not coming back)."""
+        self._checked_router = 0.0
+        self._router_seen: list[WorkerHealth] = []
+
+    def halt(self) -> None:
+        """No restart from now on (``serve`` is stopping); one under way starts no process."""
+        with self.lifecycle:
+            self.stopping = True
+
+    def record_router(self) -> None:
+        """Ask the router and each engine's ``/health`` (a few requests), then record every engine."""
+        if self.server.router is not None:
+            self.server.status.router = self.server.router.status_record()
+            self._router_seen = self.server.router.health()
+        self.record_engines()
+
+    def record_engines(self) -> None:
+        """``status.engines``: this node's engines as ``serve`` sees them (process, restarts) beside the
+        router's last view of them; other nodes' engines, after these, as the router sees them."""
+        if self.server.router is None:
+            return
+        seen = self._router_seen
+        reports = []
+        for i, engine in enumerate(self.server.engines):
+            report = EngineReport(name=engine.name, url=engine.root, pid=engine.pid, state=engine.state)
+            report.detail, report.restarts = engine.detail, engine.restarts
+            if i < len(seen):
+                report.in_rotation, report.load = seen[i].in_rotation, seen[i].load
+                report.answers = seen[i].answers and engine.state == "serving"
+            reports.append(report)
+        for h in seen[len(self.server.engines) :]:
+            reports.append(
+                EngineReport(name=h.name, url=h.url, in_rotation=h.in_rotation, answers=h.answers, load=h.load)
+            )
+        self.server.status.engines = reports
+
+    def check(self) -> bool:
+        """False (and status failed) once serving has ended: the router died, a split engine lost a
+        node, or a dead engine was restarted ``engine.restart_limit`` times within the window and the
+        plan has no other. A dead engine is restarted in the background (``_revive``): behind the
+        router the others serve meanwhile and the run stays ready; a plan's only engine makes the run
+        start again (new messages wait for it); the reply it was streaming fails, nothing else."""
+        if not self.server.engines:
+            return False
+        problem = self.server.node_problem()
+        if problem:
+            self.server.stop_engines()
+            self.server.fail(problem)
+            self.server.say(f"error: {problem}")
+            return False
+        router = self.server.router
+        if router is not None and ROUTER not in self._reviving and (code := router.exit_code()) is not None:
+            self._in_background(ROUTER, self._revive_router, router, code)
+        if self._gave_up is not None:
+            self.server.stop_engines()
+            self.server.fail(self._gave_up)
+            self.server.say(f"error: {self._gave_up}")
+            return False
+        for engine in self.server.engines:
+            if engine.name not in self._reviving and (code := engine.exit_code()) is not None:
+                self._in_background(engine.name, self._revive, engine, code)
+        if self.server.router is not None and time.monotonic() - self._checked_router >= ROUTER_CHECK_S:
+            self._checked_router = time.monotonic()
+            self.record_router()
+            self.server.save()
+        return True
+
+    def _in_background(self, key: str, revive: Callable[..., None], *args: Any) -> None:
+        """Run one restart (``revive(*args)``) in a thread of its own, named ``key`` until it ends."""
+
+        def run() -> None:
+            try:
+                revive(*args)
+            finally:
+                self._reviving.pop(key, None)
+
+        self._reviving[key] = thread = threading.Thread(target=run, name=f"revive {key}", daemon=True)
+        thread.start()
+
+    def _bring_back(self, what: Revival) -> None:
+        """Restart ``what`` until it is back or its restarts are spent, each after the budget's pause;
+        said on the terminal and in ``status`` at each step."""
+        budget = self._budgets.setdefault(what.key, RestartBudget(self.server.settings.engine.restart_limit))
+        why = what.why
+        while not self.stopping:
+            pause = budget.next_pause(time.monotonic())
+            if pause is None:
+                what.give_up(f"{why}; {budget.exhausted_text()}")
+                return
+            after = f" in {pause:.0f} s" if pause else ""
+            what.announce(f"{why}; restarting it{after} ({budget.used} of {budget.limit})")
+            self.server.say(
+                f"note: {why}; restarting it{after} (restart {budget.used} of {budget.limit} within 10 min)"
+            )
+            if self._stop_asked(pause):
+                return
+            with self.lifecycle:  # a stop either comes first (no process started) or stops this one
+                if self.stopping:
+                    return
+                what.relaunch()
+            try:
+                what.until_back()
+            except (EngineStartError, WarmupError, httpx.HTTPError) as err:
+                why = f"{what.label} did not come back ({str(err).splitlines()[0]})"
+                continue
+            if not self.stopping:
+                what.back(budget.used)
+            return
+
+    def _revive_router(self, router: Router, code: int) -> None:
+        """The router again: meanwhile the run is starting (nobody can be served), then ready."""
+        plan = self._plan()
+
+        def give_up(why: str) -> None:
+            self._gave_up = f"{why}; last log lines:\n{router.tail()}"
+
+        def back(restarts: int) -> None:
+            self.server.update("ready", plan.summary(), 1.0)
+            self.server.display.done()
+            self.server.say(f"the router is back (restart {restarts})")
+
+        self._bring_back(
+            Revival(
+                key=ROUTER,
+                label="the router",
+                why=f"the router exited (code {code})",
+                announce=lambda text: self.server.update("starting", text, 0.98),
+                relaunch=router.relaunch,
+                until_back=lambda: router.wait_routing(ROUTER_START_S),
+                back=back,
+                give_up=give_up,
+            )
+        )
+
+    def _revive(self, engine: Engine, code: int) -> None:
+        """A dead engine again, healthy and warmed; behind the router the others serve meanwhile."""
+        plan, e = self._plan(), self.server.settings.engine
+        why = f"{engine.label} exited (code {code})"
+        if plan.split_across_nodes:  # its stages on the other nodes would have to start again with it
+            self._give_up(engine, f"{why}; an engine split across nodes is not restarted alone")
+            return
+
+        def relaunch() -> None:
+            engine.restart()
+            if engine is self.server.engines[0]:
+                self.server.status.engine_pid = engine.pid
+
+        def until_back() -> None:
+            engine.wait_healthy(plan.served_name, e.api_key, e.start_timeout_s, self._restart_phase(engine))
+            self.server.lower_engine_core(engine, plan)
+            if e.warmup:
+                self.server.warm(engine, plan, self._restart_warming(engine))
+
+        def back(restarts: int) -> None:
+            self._engine_state(engine, "serving", "")
+            router = "" if self._alone else "; the router takes it in again"
+            self.server.say(f"{engine.label} is back (restart {engine.restarts}){router}")
+
+        self._bring_back(
+            Revival(
+                key=engine.name,
+                label=engine.label,
+                why=why,
+                announce=lambda text: self._engine_state(engine, "restarting", text),
+                relaunch=relaunch,
+                until_back=until_back,
+                back=back,
+                give_up=lambda why: self._give_up(engine, f"{why}; last log lines:\n{engine.tail()}"),
+            )
+        )
+
+    def _plan(self) -> Plan:
+        assert self.server.planned is not None  # restarts begin once the plan is up
+        return self.server.planned.plan
+
+    @property
+    def _alone(self) -> bool:
+        """Whether this node's engines have no router in front (one engine: the run waits for it)."""
+        routed_worker = bool(self.server.node_rank and self.server.planned and self.server.planned.plan.routed)
+        return self.server.router is None and not routed_worker
+
+    def _stop_asked(self, pause: float) -> bool:
+        """Sleep ``pause`` seconds unless the run stops meanwhile; True when it does."""
+        deadline = time.monotonic() + pause
+        while not self.stopping and time.monotonic() < deadline:
+            time.sleep(min(0.2, deadline - time.monotonic()))
+        return self.stopping
+
+    def _engine_state(self, engine: Engine, state: EngineState, detail: str) -> None:
+        """One engine's state in ``status``: the engine entry behind a router; the run's own state when
+        it is the only one (restarting: starting, so that new messages wait; serving: ready)."""
+        if self.stopping:
+            return
+        engine.state, engine.detail = state, detail
+        if not self._alone:
+            self.record_engines()
+            self.server.save()
+        elif state == "serving":
+            assert self.server.planned is not None
+            self.server.update("ready", self.server.planned.plan.summary(), 1.0)
+            self.server.display.done()
+        else:
+            self.server.update("starting", detail, 0.02)
+
+    def _restart_phase(self, engine: Engine) -> Callable[[Phase], None]:
+        def on_phase(phase: Phase) -> None:
+            text = f"restart {engine.restarts}: {phase.label}"
+            if self._alone and not self.stopping:
+                self.server.update(phase.state, text, phase.progress)
+            else:
+                self._engine_state(engine, "restarting", text)
+
+        return on_phase
+
+    def _restart_warming(self, engine: Engine) -> Callable[[str, float], None]:
+        def progress(msg: str, frac: float) -> None:
+            text = f"restart {engine.restarts}: warm-up: {msg}"
+            if self._alone and not self.stopping:
+                self.server.update("warming", text, 0.92 + 0.07 * frac)
+            else:
+                self._engine_state(engine, "restarting", text)
+
+        return progress
+
+    def _give_up(self, engine: Engine, message: str) -> None:
+        """No more restarts: the run fails when this was its only engine; else the others serve."""
+        if self._alone:
+            self._gave_up = message  # check() fails the run, from the watching thread
+            return
+        engine.stop()
+        self._engine_state(engine, "gave up", message.split("; last log lines")[0])
+        self.server.say(f"note: {message}; the other engines serve")
