@@ -280,7 +280,7 @@ async def on_stop() -> None:
     internals.stop_missed_reply()
 
 
-@cl.on_settings_update
+@internals.on_settings_update
 async def settings_update(values: dict[str, object]) -> None:
     """Keep the chat settings within the sliders' ranges, and say what a script's values were turned
     into (the sliders themselves send none out of range)."""

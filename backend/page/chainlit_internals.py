@@ -32,6 +32,7 @@ from chainlit.config import config as chainlit_config
 from chainlit.context import init_ws_context
 from chainlit.server import app, sio
 from chainlit.session import WebsocketSession
+from chainlit.utils import wrap_user_function
 
 
 def set_socket_pings(interval_s: float, timeout_s: float) -> None:
@@ -199,6 +200,17 @@ def use_password_login(check: Callable[[str, str], Coroutine[Any, Any, cl.User |
     many failed logins) is the answer, and :func:`client_address` works in it. Before the server starts."""
     chainlit_config.code.password_auth_callback = check
     app.add_middleware(_NoteClientAddress)
+
+
+SettingsHandler = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]
+
+
+def on_settings_update(handler: SettingsHandler) -> SettingsHandler:
+    """Chainlit's ``on_settings_update`` without a task around it: a settings change is no reply, so
+    it emits no task_start / task_end (the page's Stop button flickered, and a client that waits for
+    its message's task_end took the settings' one for it and saw no reply)."""
+    chainlit_config.code.on_settings_update = wrap_user_function(handler, with_task=False)
+    return handler
 
 
 def client_address() -> str:

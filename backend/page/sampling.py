@@ -50,7 +50,7 @@ def knobs(settings: Settings) -> list[Knob]:
     return [
         Knob("temperature", "Temperature", min(0.0, a.temperature), max(2.0, a.temperature), 0.05),
         Knob("top_p", "Top-p", min(0.05, a.top_p), max(1.0, a.top_p), 0.05),
-        Knob("max_tokens", "Max tokens (reply)", min(16, a.max_tokens), max(4096, a.max_tokens), 1, whole=True),
+        Knob("max_tokens", "Max tokens (reply)", 1, max(4096, a.max_tokens), 1, whole=True),
     ]
 
 

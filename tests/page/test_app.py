@@ -162,7 +162,7 @@ def test_chat_settings_a_script_could_send_are_brought_into_range(tmp_path: Path
     later message of the chat (temperature 5: HTTP 400)."""
     settings = Settings(engine=EngineSettings(run_dir=tmp_path))
     wild = Sampling.from_values({"temperature": 5, "top_p": 0, "max_tokens": 0, "system_prompt": "x\ud800"}, settings)
-    assert (wild.temperature, wild.top_p, wild.max_tokens, wild.system_prompt) == (2.0, 0.05, 16, "x\ufffd")
+    assert (wild.temperature, wild.top_p, wild.max_tokens, wild.system_prompt) == (2.0, 0.05, 1, "x\ufffd")
     junk = Sampling.from_values({"temperature": "abc", "top_p": None, "max_tokens": float("nan")}, settings)
     assert junk == Sampling.defaults(settings)
     assert not EngineRefused("HTTP 400", 400).retry and EngineRefused("HTTP 503", 503).retry
@@ -184,7 +184,7 @@ def test_each_chat_setting_brought_into_range_is_said_in_a_sentence(tmp_path: Pa
     assert said == [
         "Temperature true is not a number (allowed: 0 to 2); it stays at 1.5.",
         "Top-p Infinity is not a number (allowed: 0.05 to 1); it stays at 0.95.",
-        "Max tokens (reply) 100.7 is not a whole number (allowed: 16 to 4,096); 100 is used.",
+        "Max tokens (reply) 100.7 is not a whole number (allowed: 1 to 4,096); 100 is used.",
         'System prompt ["a"] is not text; it stays as it was.',
     ]
     fine = {"temperature": 0.3, "top_p": "0.5", "max_tokens": 64, "system_prompt": "Be brief."}
@@ -477,6 +477,16 @@ def test_up_serves_engine_and_page_then_ctrl_c_stops_everything(tmp_path: Path) 
             **groups_of("vllm.entrypoints", f"--port {engine_port}"),
         }
         assert len(groups) == 3, groups
+
+        # a page process killed: up starts the page again, pays its first use, and it answers
+        front = next(iter(groups_of("backend.page.launch", "app.py", str(app_port))))
+        workers = [p for p in group_processes(front) if b"--channel-fd" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(workers) == 2, workers
+        os.kill(workers[0], signal.SIGKILL)
+        up.wait_for_line("the chat page is back (restart 1)", timeout=300)
+        assert "note: the chat page exited (code" in up.output() and "restarting it (restart 1 of 3" in up.output()
+        assert footer_of(asyncio.run(one_reply()))[1] > 0
+        groups.update(groups_of("backend.page.launch", "app.py", str(app_port)))  # the new page's group
     finally:
         t0 = time.monotonic()
         code = up.stop(signal.SIGINT, timeout=60)
@@ -541,11 +551,11 @@ BAD_SETTINGS = [
     ({"temperature": "abc"}, 'Temperature "abc" is not a number (allowed: 0 to 2); it stays at 2.'),
     ({"top_p": 0}, "Top-p 0 is out of range (allowed: 0.05 to 1); 0.05 is used."),
     ({"top_p": 3}, "Top-p 3 is out of range (allowed: 0.05 to 1); 1 is used."),
-    ({"max_tokens": "x"}, 'Max tokens (reply) "x" is not a number (allowed: 16 to 4,096); it stays at 32.'),
-    ({"max_tokens": -5}, "Max tokens (reply) -5 is out of range (allowed: 16 to 4,096); 16 is used."),
+    ({"max_tokens": "x"}, 'Max tokens (reply) "x" is not a number (allowed: 1 to 4,096); it stays at 32.'),
+    ({"max_tokens": -5}, "Max tokens (reply) -5 is out of range (allowed: 1 to 4,096); 1 is used."),
     (
         {"max_tokens": 10**12},
-        "Max tokens (reply) 1,000,000,000,000 is out of range (allowed: 16 to 4,096); 4,096 is used.",
+        "Max tokens (reply) 1,000,000,000,000 is out of range (allowed: 1 to 4,096); 4,096 is used.",
     ),
     ([{"temperature": 0.5}], "Those chat settings could not be read (they are not named values); nothing was changed."),
 ]
