@@ -33,6 +33,7 @@ SHIPPED: dict[str, Expect] = {
     "1xA10": Expect(1, 1, False, (A10,), 22.5, (8, 6)),
     "1xT4": Expect(1, 1, False, ("Tesla T4",), 15, (7, 5), (3, 16)),
     "1xA100-80G": Expect(1, 1, False, (A100,), 80, (8, 0)),
+    "1xH100": Expect(1, 1, False, ("NVIDIA H100 80GB HBM3",), 79, (9, 0), (5, 16)),
     "1xH200": Expect(1, 1, False, (H200,), 140, (9, 0), (5, 16)),
     "2xA10-pcie": Expect(1, 2, False, (A10,) * 2, 22.5, (8, 6)),
     "4xA10-pcie": Expect(1, 4, False, (A10,) * 4, 22.5, (8, 6)),
