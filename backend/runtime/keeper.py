@@ -210,6 +210,7 @@ class Keeper:
             self._gave_up = f"{why}; last log lines:\n{router.tail()}"
 
         def back(restarts: int) -> None:
+            self.record_router()  # its new pid, and what it routes to, before the run says ready
             self.server.update("ready", plan.summary(), 1.0)
             self.server.display.done()
             self.server.say(f"the router is back (restart {restarts})")

@@ -142,7 +142,7 @@ class Server:
         or is written; RunBusy names the start that holds one. A worker node shares its host's."""
         if self.lock.held or self.node_rank:
             return
-        if page_port is not None:
+        if page_port is not None and page_port != self.settings.engine.port:  # one the plan needs: refused later
             self.lock.claims += claims_for(self.run_dir.path, [(page_port, "--port")])[1:]
         self.lock.acquire()
 
