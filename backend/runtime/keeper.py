@@ -130,11 +130,11 @@ class Keeper:
         self.server.status.engines = reports
 
     def check(self) -> bool:
-        """False (and status failed) once serving has ended: the router died, a split engine lost a
-        node, or a dead engine was restarted ``engine.restart_limit`` times within the window and the
-        plan has no other. A dead engine is restarted in the background (``_revive``): behind the
-        router the others serve meanwhile and the run stays ready; a plan's only engine makes the run
-        start again (new messages wait for it); the reply it was streaming fails, nothing else."""
+        """False (and status failed) once serving has ended: a split engine lost a node, or the router or
+        a plan's only engine died ``engine.restart_limit`` times within the window. What dies is restarted
+        in the background (``_revive``, ``_revive_router``): behind the router the other engines serve
+        meanwhile and the run stays ready; the router or a plan's only engine makes the run start again
+        (new messages wait for it); the reply being streamed fails, nothing else."""
         if not self.server.engines:
             return False
         problem = self.server.node_problem()
