@@ -71,7 +71,9 @@ def test_every_footer_splits_the_first_token_and_latency_shows_percentiles_and_a
                 assert figure in panel["output"], f"{figure!r} missing from the panel: {panel['output'][:400]}"
             rows = await csv_rows(tab, panel)
             assert [int(r["reply"]) for r in rows] == [1, 2, 3], "one CSV row per reply"
-            assert [round(float(r["ttft_ms"])) for r in rows] == [footer_of(r)[0] for r in replies]
+            # the CSV keeps 0.1 ms, the footer whole ms, both from one measurement: at most 0.55 ms apart
+            gaps = [abs(float(r["ttft_ms"]) - footer_of(reply)[0]) for r, reply in zip(rows, replies, strict=True)]
+            assert max(gaps) <= 0.55, f"the CSV's TTFT is not the footer's: {gaps}"
             shown = [e.get("name") for e in tab.elements if e.get("forId") == panel["id"]]
             assert "latency.png" in shown and any(str(n).endswith(".json") for n in shown), shown
 
