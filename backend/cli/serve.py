@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from backend.cli.options import add_engine_port, add_plan_options, fail, port_number
-from backend.runtime.process import unwind_on_signals
+from backend.runtime.processes.process import unwind_on_signals
 from config.commands import MASTER_PORT
 from config.settings import Settings
 
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         fail("--master-port 65535: the other nodes join on the port after it; choose 65534 or lower")
     unwind_on_signals()
     if args.node_rank:
-        from backend.runtime.node import run_node
+        from backend.runtime.multinode.node import run_node
 
         return run_node(settings, args.node_rank, args.head, model_given=args.model is not None)
     from backend.runtime.serve import run_serve

@@ -13,7 +13,7 @@ from backend.measure.bench import this_machine
 from backend.measure.plots import plot_startup
 from backend.measure.startup_bench import PAUSE_S, measure_start
 from backend.measure.startup_records import StartupReport, StartupRun
-from backend.runtime.process import unwind_on_signals
+from backend.runtime.processes.process import unwind_on_signals
 from config.settings import Settings
 
 NAME = "bench-startup"

@@ -7,7 +7,7 @@ from dataclasses import fields
 
 from backend.cli.options import above_zero, add_client_processes, add_engine_port, add_plan_options, at_least_one
 from backend.measure.tune.run import DEFAULT_BUDGET_S, DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_TOKENS, TuneOptions, run_tune
-from backend.runtime.process import unwind_on_signals
+from backend.runtime.processes.process import unwind_on_signals
 from config.settings import Settings
 
 NAME = "tune"

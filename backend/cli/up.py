@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from backend.cli.options import add_engine_port, add_plan_options
-from backend.runtime.process import unwind_on_signals
+from backend.runtime.processes.process import unwind_on_signals
 from config.settings import Settings
 
 NAME = "up"

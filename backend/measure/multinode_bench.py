@@ -27,7 +27,7 @@ import httpx
 
 from backend.engine_api import chat
 from backend.errors import MeasureError
-from backend.runtime.process import free_port
+from backend.runtime.processes.process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = (

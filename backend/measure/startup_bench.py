@@ -30,7 +30,7 @@ from backend.errors import MeasureError
 from backend.measure.startup_records import IdleRound, PathWarmth, StartupFailure, StartupRun
 from backend.page_client import NO_VISIBLE_REPLY, PageSession
 from backend.prompts import prompt_of
-from backend.runtime.process import free_port
+from backend.runtime.processes.process import free_port
 from backend.runtime.serve import Server, logged_server
 from backend.runtime.up import WATCH_S, ChatPage
 from config.settings import Settings

@@ -21,10 +21,10 @@ import httpx
 
 from backend.errors import EngineStartError, WarmupError
 from backend.runtime.display import Display
-from backend.runtime.engines import Engine
-from backend.runtime.logwatch import Phase
+from backend.runtime.components.engines import Engine
+from backend.runtime.components.logwatch import Phase
 from backend.runtime.revive import RestartBudget
-from backend.runtime.router import Router, WorkerHealth
+from backend.runtime.components.router import Router, WorkerHealth
 from backend.runtime.status import EngineReport, EngineState, EngineStatus, WarmupRecord
 from config.pipeline import Planned
 from config.plan import Plan

@@ -30,7 +30,7 @@ class ResolvedModel:
 def ensure_demo(settings: Settings) -> Path:
     """Write the demo checkpoint with the engine's Python (it has torch); no-op when present."""
     target = settings.model.demo_dir.expanduser().absolute()  # the writer runs in ROOT, not the caller's cwd
-    argv = [settings.engine.python, "-m", "backend.runtime.demo_model", str(target)]
+    argv = [settings.engine.python, "-m", "backend.demo.checkpoint", str(target)]
     if settings.model.demo_full_size:
         argv.append("--full-size")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -81,7 +81,7 @@ def resolve_model(settings: Settings) -> ResolvedModel:
     if local.exists():
         if not (local / "config.json").is_file():
             raise ModelReadError(f"model '{model_id}': no config.json in that directory")
-        from backend.runtime.demo_model import is_demo_model
+        from backend.demo.checkpoint import is_demo_model
 
         return ResolvedModel(str(local.resolve()), demo=is_demo_model(local))
     why = not_found(model_id)

@@ -7,10 +7,10 @@ the next, then the router in front of them takes the engine port. The status fil
 other process where things stand, the router's engines included.
 
 Several nodes: ``serve`` here is the head (node 0). It opens the join point
-(``backend.runtime.cluster``) and prints each other node's line. With replicas it waits, after
+(``backend.runtime.multinode.cluster``) and prints each other node's line. With replicas it waits, after
 its own engines, until every node's engines are up and puts them all behind its router; with
 one engine split across nodes it starts its part of vLLM once every node has joined, and fails
-when a node does. Worker nodes run ``backend.runtime.node``, which drives a ``Server`` too.
+when a node does. Worker nodes run ``backend.runtime.multinode.node``, which drives a ``Server`` too.
 """
 
 from __future__ import annotations
@@ -29,19 +29,19 @@ import httpx
 
 from backend.engine_api import engine_url
 from backend.errors import EngineStartError, ErniechatError, PlanError
-from backend.runtime.cluster import Head
+from backend.runtime.multinode.cluster import Head
 from backend.runtime.display import DEMO_BANNER, Display
-from backend.runtime.engines import ENGINE_CORE_TITLE, Engine, check_engine_build, start_waves
+from backend.runtime.components.engines import ENGINE_CORE_TITLE, Engine, check_engine_build, start_waves
 from backend.runtime.keeper import Keeper
-from backend.runtime.leftovers import find_leftovers, stop_leftovers
-from backend.runtime.logwatch import Phase
-from backend.runtime.mps import MpsDaemon
-from backend.runtime.node_identity import core_share, head_ip, model_fingerprint, resolves_to_loopback, vllm_version
-from backend.runtime.process import IN_USE, ChildGroup, bind_problem
+from backend.runtime.processes.leftovers import find_leftovers, stop_leftovers
+from backend.runtime.components.logwatch import Phase
+from backend.runtime.components.mps import MpsDaemon
+from backend.runtime.multinode.node_identity import core_share, head_ip, model_fingerprint, resolves_to_loopback, vllm_version
+from backend.runtime.processes.process import IN_USE, ChildGroup, bind_problem
 from backend.runtime.resolve import ResolvedModel, resolve_model
-from backend.runtime.router import Router, RouterConfig, RouterError, Worker
+from backend.runtime.components.router import Router, RouterConfig, RouterError, Worker
 from backend.runtime.rundir import RunDir
-from backend.runtime.runlock import RunLock, claims_for
+from backend.runtime.processes.runlock import RunLock, claims_for
 from backend.runtime.status import EngineStatus, WarmupRecord
 from backend.runtime.warmup import WarmupError, warm_up
 from config.commands import (

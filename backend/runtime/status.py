@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from backend.runtime.groups import alive
-from backend.runtime.leftovers import find_leftovers
+from backend.runtime.processes.groups import alive
+from backend.runtime.processes.leftovers import find_leftovers
 
 State = Literal["starting", "loading", "warming", "ready", "failed", "stopped"]
 STATUS_FILE = "status.json"

@@ -20,9 +20,9 @@ import httpx
 from backend.engine_api import local_host
 from backend.errors import ErniechatError
 from backend.page.auth import exposed_without_login, login_note, login_on, weak_password_warning
-from backend.runtime.child_tmp import OwnTmp
-from backend.runtime.leftovers import stop_leftovers
-from backend.runtime.process import IN_USE, ChildGroup, bind_problem
+from backend.runtime.processes.child_tmp import OwnTmp
+from backend.runtime.processes.leftovers import stop_leftovers
+from backend.runtime.processes.process import IN_USE, ChildGroup, bind_problem
 from backend.runtime.revive import RestartBudget
 from backend.runtime.serve import Server
 from config.settings import ENV_DELIMITER, ENV_PREFIX, ROOT, Settings

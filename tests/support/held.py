@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from backend.runtime.groups import group_processes
+from backend.runtime.processes.groups import group_processes
 from backend.runtime.serve import ENGINE_CORE_TITLE
 from backend.runtime.status import read_status
 

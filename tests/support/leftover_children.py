@@ -17,8 +17,8 @@ from support.services import ROOT
 STARTER = """
 import sys, time
 from pathlib import Path
-from backend.runtime.child_tmp import OwnTmp
-from backend.runtime.process import ChildGroup
+from backend.runtime.processes.child_tmp import OwnTmp
+from backend.runtime.processes.process import ChildGroup
 out = Path(sys.argv[1])
 child = (
     "import signal, sys, time\\n"

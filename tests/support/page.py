@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backend.runtime.groups import group_processes
+from backend.runtime.processes.groups import group_processes
 from backend.runtime.up import ChatPage
 from support.ports import free_port
 from support.services import ABANDONED_REPLY_S, backend_env

@@ -28,7 +28,7 @@ from backend.measure.tune.candidates import Candidate, enumerate_candidates, ine
 from backend.measure.tune.records import CandidateRecord, TuneReport
 from backend.measure.tune.selection import compare_default, select_best
 from backend.prompts import Shape, long_tokens, prompt_room, prompt_shapes
-from backend.runtime.process import free_port
+from backend.runtime.processes.process import free_port
 from config.hardware import Hardware
 from config.settings import Settings
 
@@ -165,7 +165,7 @@ def candidate_estimate(spent: Sequence[Spent], engines: int) -> float:
 
 
 def _wait_port_free(host: str, port: int, timeout_s: float = 30.0) -> None:
-    from backend.runtime.process import port_in_use
+    from backend.runtime.processes.process import port_in_use
 
     deadline = time.monotonic() + timeout_s
     while port_in_use(host, port) and time.monotonic() < deadline:

@@ -22,8 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from backend.runtime.child_tmp import Orphan, children_base, orphans, remove_abandoned
-from backend.runtime.groups import group_processes, start_time, stop_group
+from backend.runtime.processes.child_tmp import Orphan, children_base, orphans, remove_abandoned
+from backend.runtime.processes.groups import group_processes, start_time, stop_group
 
 
 @dataclass(frozen=True)

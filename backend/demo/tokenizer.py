@@ -1,6 +1,6 @@
 """The demo checkpoint's tokenizer: a byte-level BPE trained in-process, and ERNIE's chat template.
 
-Imported by ``demo_model`` inside the engine's environment; ``tokenizers`` is imported only
+Imported by ``backend.demo.checkpoint`` inside the engine's environment; ``tokenizers`` is imported only
 when a tokenizer is built, so the app's environment can import the constants.
 """
 

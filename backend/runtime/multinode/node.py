@@ -24,7 +24,7 @@ import httpx
 from pydantic import ValidationError
 
 from backend.errors import ErniechatError, NodeError
-from backend.runtime.cluster import (
+from backend.runtime.multinode.cluster import (
     BEAT_S,
     HEAD_LOST_S,
     Beat,
@@ -35,9 +35,9 @@ from backend.runtime.cluster import (
     NodeState,
     Refused,
 )
-from backend.runtime.engines import Engine
-from backend.runtime.leftovers import stop_leftovers
-from backend.runtime.node_identity import (
+from backend.runtime.components.engines import Engine
+from backend.runtime.processes.leftovers import stop_leftovers
+from backend.runtime.multinode.node_identity import (
     core_share,
     ip_towards,
     model_fingerprint,

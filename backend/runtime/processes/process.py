@@ -14,8 +14,8 @@ from pathlib import Path
 from types import FrameType
 
 from backend.errors import EngineStartError
-from backend.runtime.child_tmp import ChildTmp, OwnTmp
-from backend.runtime.groups import alive, group_processes, stop_group
+from backend.runtime.processes.child_tmp import ChildTmp, OwnTmp
+from backend.runtime.processes.groups import alive, group_processes, stop_group
 
 
 def _raise_exit(signum: int, frame: FrameType | None) -> None:

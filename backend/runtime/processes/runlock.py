@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from backend.errors import RunBusy
-from backend.runtime.child_tmp import children_base
+from backend.runtime.processes.child_tmp import children_base
 
 LOCK_FILE = "serve.lock"
 

@@ -31,7 +31,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from backend.errors import NodeError
-from backend.runtime.process import IN_USE, bind_problem
+from backend.runtime.processes.process import IN_USE, bind_problem
 from config.commands import join_port, serve_line
 from config.plan import Plan
 

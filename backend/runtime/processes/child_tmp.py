@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backend.runtime.groups import alive, group_processes, start_time
+from backend.runtime.processes.groups import alive, group_processes, start_time
 from config.settings import TMP_BASE_ENV
 
 PREFIX = "erniechat-engine-"

@@ -31,8 +31,8 @@ import httpx
 
 from backend.engine_api import SESSION_HEADER, local_host
 from backend.errors import EngineStartError
-from backend.runtime.child_tmp import OwnTmp
-from backend.runtime.process import ChildGroup, log_tail, port_in_use
+from backend.runtime.processes.child_tmp import OwnTmp
+from backend.runtime.processes.process import ChildGroup, log_tail, port_in_use
 
 ROUTER_PACKAGE = "vllm-router"
 ROUTER_VERSION = "0.1.17"

@@ -8,7 +8,7 @@ real model; the answers are noise.
 
 Run inside the engine's environment (it needs torch, transformers, tokenizers)::
 
-    python -m backend.runtime.demo_model DIR [--full-size] [--seed N]
+    python -m backend.demo.checkpoint DIR [--full-size] [--seed N]
 
 Only the standard library is imported at module level, so ``DEMO_MARKER`` and
 ``is_demo_model`` can be imported from the app's environment, which has no torch.
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from backend.runtime.demo_tokenizer import (
+from backend.demo.tokenizer import (
     END_OF_SENTENCE_ID,
     build_tokenizer,
     silent_ids,
@@ -322,7 +322,7 @@ def _summary(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m backend.runtime.demo_model",
+        prog="python -m backend.demo.checkpoint",
         description="Write a random-weight checkpoint shaped like ERNIE-4.5-0.3B-PT.",
     )
     parser.add_argument("directory", type=Path, help="checkpoint directory to write")

@@ -15,10 +15,10 @@ import httpx
 
 from backend.engine_api import engine_url, headers, root_url, served_models
 from backend.errors import EngineStartError
-from backend.runtime.child_tmp import OwnTmp, engine_tmp_env
-from backend.runtime.logwatch import LogState, Phase
-from backend.runtime.node_identity import vllm_version
-from backend.runtime.process import ChildGroup
+from backend.runtime.processes.child_tmp import OwnTmp, engine_tmp_env
+from backend.runtime.components.logwatch import LogState, Phase
+from backend.runtime.multinode.node_identity import vllm_version
+from backend.runtime.processes.process import ChildGroup
 from backend.runtime.status import EngineState
 from config.plan import Plan
 
