@@ -28,30 +28,30 @@ from pathlib import Path
 import httpx
 
 from backend.engine_api import engine_url
-from backend.errors import EngineStartError, ErniechatError, PlanError
-from backend.runtime.multinode.cluster import Head
-from backend.runtime.display import DEMO_BANNER, Display
-from backend.runtime.components.engines import ENGINE_CORE_TITLE, Engine, check_engine_build, start_waves
-from backend.runtime.keeper import Keeper
-from backend.runtime.processes.leftovers import find_leftovers, stop_leftovers
+from backend.errors import EngineStartError, ErniechatError
+from backend.runtime.components.engines import Engine, check_engine_build, start_waves
 from backend.runtime.components.logwatch import Phase
 from backend.runtime.components.mps import MpsDaemon
-from backend.runtime.multinode.node_identity import core_share, head_ip, model_fingerprint, resolves_to_loopback, vllm_version
-from backend.runtime.processes.process import IN_USE, ChildGroup, bind_problem
-from backend.runtime.resolve import ResolvedModel, resolve_model
+from backend.runtime.components.placement import check_ports, plan_engines
 from backend.runtime.components.router import Router, RouterConfig, RouterError, Worker
+from backend.runtime.display import DEMO_BANNER, Display
+from backend.runtime.keeper import Keeper
+from backend.runtime.multinode.cluster import Head, join_lines, open_join_point
+from backend.runtime.multinode.node_identity import (
+    head_ip,
+)
+from backend.runtime.processes.leftovers import find_leftovers, stop_leftovers
+from backend.runtime.processes.process import IN_USE, ChildGroup, bind_problem
+from backend.runtime.processes.runlock import RunLock, claims_for, port_claim
+from backend.runtime.resolve import ResolvedModel, resolve_model
 from backend.runtime.rundir import RunDir
-from backend.runtime.processes.runlock import RunLock, claims_for
 from backend.runtime.status import EngineStatus, WarmupRecord
+from backend.runtime.supervisor import Supervisor
 from backend.runtime.warmup import WarmupError, warm_up
 from config.commands import (
     HEAD_ADDRESS,
     MASTER_PORT,
-    engine_command,
-    engine_env,
-    plan_ports,
     router_metrics_port,
-    server_port,
 )
 from config.pipeline import Planned, plan_for
 from config.plan import Plan
@@ -98,6 +98,8 @@ class Server:
         self._updating = threading.Lock()
         self.lock = RunLock(claims_for(self.run_dir.path, [(settings.engine.port, "--engine-port")]))
         """One start per run directory and engine port (``runlock``); taken by :meth:`claim`."""
+        self.supervisor = Supervisor()
+        """What this start has started (``supervisor``), stopped in reverse by :meth:`stop`."""
         self.keeper = Keeper(self)
         """Once ready: restarts what dies, and the engines' records in ``status``."""
 
@@ -143,7 +145,7 @@ class Server:
         if self.lock.held or self.node_rank:
             return
         if page_port is not None and page_port != self.settings.engine.port:  # one the plan needs: refused later
-            self.lock.claims += claims_for(self.run_dir.path, [(page_port, "--port")])[1:]
+            self.lock.claims.append(port_claim(page_port, "--port"))
         self.lock.acquire()
 
     def start(self) -> bool:
@@ -182,7 +184,7 @@ class Server:
                 self.say(f"all {plan.nodes} nodes joined; starting the head's part of vLLM")
                 self.head.set_state("starting")
             if self.mps:
-                self.mps.start()
+                self.supervisor.start(self.mps)
                 self.say(
                     f"gpu sharing: the {plan.engine_count} engines' kernels run at once through an MPS daemon "
                     f"of your own (pipe {self.mps.pipe_dir})"
@@ -195,7 +197,7 @@ class Server:
                 started = [self.engines[i] for i in wave]
                 for engine in started:
                     self.say(f"{engine.name}: " + " ".join(engine.argv))
-                    engine.start()
+                    self.supervisor.start(engine)
                 if wave[0] == 0:
                     self.status.engine_pid = started[0].pid
                 names = ", ".join(engine.name for engine in started)
@@ -263,30 +265,22 @@ class Server:
         self.run_dir.write_plan(plan)
         if plan.gpu_sharing == "mps":
             self.mps = MpsDaemon(self.run_dir.path)
-        taken = plan_ports(plan, self.settings.engine.port)
-        if self.page_port in taken:
-            needs = f"engine.port {taken[0]} and the {len(taken) - 1} after it" if len(taken) > 1 else "engine.port"
-            outside = f"--port outside {taken[0]}-{taken[-1]}" if len(taken) > 1 else "another --port"
-            raise PlanError(
-                f"the chat page's port {self.page_port} is one the engines need ({needs}); "
-                f"choose {outside} or another --engine-port"
-            )
-        host = self.settings.engine.host  # engine.port itself was checked before planning
-        if self.node_rank:  # a worker node runs only its engines: no router, no router metrics
-            mine = [server_port(plan, taken[0], i) for i in range(plan.engine_count)]
-            if held := [p for p in mine if bind_problem(host, p) == IN_USE]:
-                raise PlanError(
-                    f"port {held[0]} on {host}, where this node's engine {mine.index(held[0])} would listen (from "
-                    f"--engine-port {taken[0]}), is already in use (another engine?); stop it or choose another "
-                    "--engine-port on this node"
-                )
-        elif held := [p for p in taken[1:] if bind_problem(host, p) == IN_USE]:
-            raise PlanError(
-                f"port {held[0]} on {host}, one of the {len(taken)} from engine.port {taken[0]} the plan's "
-                "engines and router listen on, is already in use (another engine?); stop it or choose another "
-                "--engine-port"
-            )
-        self.engines = self._engines(plan, self.resolved.path)
+        e = self.settings.engine  # engine.port itself was checked before planning
+        check_ports(plan, e.host, e.port, self.page_port, self.node_rank)
+        if plan.split_across_nodes:  # node 0's part of vLLM: the API server and the first stage
+            self.master_addr = self.master_addr or head_ip()
+        self.engines = plan_engines(
+            plan,
+            e,
+            self.planned.hardware,
+            self.resolved.path,
+            self.run_dir.path,
+            self.run_dir.log_path,
+            node_rank=self.node_rank,
+            master_addr=self.master_addr or HEAD_ADDRESS,
+            master_port=self.master_port,
+            mps_env=self.mps.env if self.mps else None,
+        )
         self.status.log_path = str(self.engines[0].log_path)
         self.display.done()
         self.say(f"plan: {plan.summary()}; engine log: {self.status.log_path}")
@@ -296,61 +290,13 @@ class Server:
         """A node's failure while a split engine starts (its stage is needed); None otherwise."""
         return self.head.problem() if self.head and self.head.split else None
 
-    def _engines(self, plan: Plan, model_path: str) -> list[Engine]:
-        """The plan's servers: one on the engine port, or one per GPU group and share behind the router."""
-        e = self.settings.engine
-        assert self.planned is not None
-        hw = self.planned.hardware
-        outer = os.environ.get("CUDA_VISIBLE_DEVICES")
-        out = []
-        for i in range(plan.engine_count):
-            port = server_port(plan, e.port, i)
-            if plan.split_across_nodes:  # node 0's part: the API server and the first stage
-                self.master_addr = self.master_addr or head_ip()
-            argv, env = engine_command(
-                plan,
-                i,
-                python=e.python,
-                model_path=model_path,
-                host=e.host,
-                port=e.port,
-                all_gpus=hw.gpus_per_node,
-                cores=hw.node.cpu_cores,
-                extra_args=e.extra_args,
-                outer_visible=outer,
-                master_addr=self.master_addr or HEAD_ADDRESS,
-                master_port=self.master_port,
-            )
-            auto_bind = env.get("VLLM_CPU_OMP_THREADS_BIND") == "auto"
-            if plan.split_across_nodes and auto_bind and resolves_to_loopback(env["VLLM_HOST_IP"]):
-                env["VLLM_CPU_OMP_THREADS_BIND"] = core_share(0, plan.nodes) or "auto"  # every stage on this machine
-            if e.api_key:
-                env["VLLM_API_KEY"] = e.api_key
-            if self.mps:
-                env.update(self.mps.env)
-            name, log = (f"engine {i}", self.run_dir.path / f"engine-{i}.log") if plan.routed else ("engine", None)
-            if self.node_rank:
-                name = f"node {self.node_rank} {name}"
-            out.append(Engine(name, argv, env, log or self.run_dir.log_path, self.run_dir.path, e.host, port))
-        return out
-
     def _on_phase(self, phase: Phase) -> None:
         self.update(phase.state, phase.label, phase.progress)
 
     def lower_engine_core(self, engine: Engine, plan: Plan) -> None:
         """Apply the plan's engine_core_nice; once healthy, the worker exists and keeps its priority."""
-        if not plan.engine_core_nice:
-            return
-        pids = engine.lower_priority(plan.engine_core_nice)
-        if pids:
-            self.say(f"engine core (pid {', '.join(map(str, pids))}) at nice {plan.engine_core_nice}")
-        else:
-            note = (
-                f"no '{ENGINE_CORE_TITLE}' process found to lower to nice {plan.engine_core_nice}; "
-                "replies may stall on few cores"
-            )
+        if plan.engine_core_nice and (note := engine.lower_core(plan.engine_core_nice, self.say)):
             self.status.notes.append(note)
-            self.say(f"note: {note}")
 
     def _start_router(self, plan: Plan) -> bool:
         """The router on the engine port, in front of every (healthy, warmed) engine."""
@@ -372,6 +318,7 @@ class Server:
             self.say(f"all {plan.nodes} nodes ready: {len(workers)} engines behind the router")
         config = RouterConfig(workers=workers, port=e.port, host=e.host, metrics_port=router_metrics_port(plan, e.port))
         self.router = Router(config, log_path=self.run_dir.path / "router.log", cwd=self.run_dir.path)
+        self.supervisor.add(self.router)
         self.say("router: " + " ".join(self.router.argv))
         self.update("warming", "starting the router", 0.99)
         try:
@@ -438,48 +385,33 @@ class Server:
         return self.keeper.check()
 
     def stop_engines(self) -> None:
-        for engine in self.engines:
-            engine.stop()
-        if self.mps:  # after its clients
-            self.mps.stop()
+        """The engines, then the MPS daemon they share a GPU through."""
+        self.supervisor.stop(only=(Engine, MpsDaemon))
 
     def _open_join_point(self, plan: Plan) -> None:
         """The head's join point, and the exact line for every other node."""
         assert self.resolved is not None and self.planned is not None
         e = self.settings.engine
-        addr = self.master_addr = self.master_addr or head_ip()
-        self.head = Head(
-            plan=plan,
-            master_addr=addr,
-            master_port=self.master_port,
-            vllm=vllm_version(e.python),
-            fingerprint=model_fingerprint(self.resolved.path),
-            model_id="demo" if self.resolved.demo else self.settings.model.id,
-            environment=engine_env(plan, self.planned.hardware.gpus_per_node),
+        self.master_addr = self.master_addr or head_ip()
+        model_id = "demo" if self.resolved.demo else self.settings.model.id
+        gpus = self.planned.hardware.gpus_per_node
+        self.head = open_join_point(
+            plan, self.master_addr, self.master_port, e.python, self.resolved.path, model_id, gpus
         )
-        self.head.start()
-        for rank in range(1, plan.nodes):
-            self.say(f"on node {rank} run: {self.head.line(rank)}")
-        if resolves_to_loopback(addr):
-            self.say(
-                f"note: the head listens on {addr}: only nodes on this host can join; for other machines pass "
-                "--master-addr <this node's network address>"
-            )
+        self.supervisor.start(self.head)
+        for line in join_lines(self.head):
+            self.say(line)
         self.update("starting", f"waiting for {plan.nodes - 1} other node(s) at {self.head.address}", 0.04)
 
     def stop(self) -> None:
-        """Stop everything this start runs (the router, then the engines) and release its claim; a
+        """Stop everything this start runs, the last started first, and release its claim; a
         Server whose start was refused (another start holds the run directory) touches nothing."""
         if not self.lock.held and not self.node_rank:
             return
         self.keeper.halt()  # a restart under way starts no process after this
         if self.head:  # every other node hears it before this node's engines go
             self.head.tell_stop("failed" if self.status.state == "failed" else "stopping")
-        if self.router:
-            self.router.stop()
-        self.stop_engines()
-        if self.head:
-            self.head.close()
+        self.supervisor.stop()  # the router, the engines, the MPS daemon, the join point
         if self.status.state != "failed":
             self.update("stopped", "stopped", self.status.progress)
             self.display.done()

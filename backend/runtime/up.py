@@ -135,6 +135,9 @@ class ChatPage:
     def tail(self, n: int = 12) -> str:
         return self.process.tail(n)
 
+    def exit_code(self) -> int | None:
+        return self.process.exit_code()
+
     def stop(self) -> None:
         self.process.stop(grace_s=5.0)
 
@@ -198,7 +201,7 @@ def run_up(settings: Settings) -> int:
         print(f"ready: {server.base_url}", flush=True)
         assert server.planned is not None  # start() planned, or returned False above
         page = ChatPage.for_settings(settings, workers=server.planned.plan.page_processes)
-        page.start()
+        server.supervisor.start(page)  # stopped first by server.stop()
         why = page.wait_serving()
         if why:
             print(f"error: {why}", file=sys.stderr)
@@ -208,7 +211,7 @@ def run_up(settings: Settings) -> int:
         print(f"(page log: {page.log_path}; Ctrl-C stops the page and the engine)", flush=True)
         engine_up, budget = True, RestartBudget(settings.engine.restart_limit)
         while True:
-            code = page.process.exit_code()
+            code = page.exit_code()
             if code is not None and (why := bring_back(page, code, budget, settings)) is not None:
                 print(f"error: {why}; stopping", file=sys.stderr)
                 return 1
@@ -216,6 +219,4 @@ def run_up(settings: Settings) -> int:
                 engine_up = False  # check() has said why; the page stays and shows the error to its users
             time.sleep(WATCH_S)
     finally:
-        if page is not None:
-            page.stop()
         server.stop()

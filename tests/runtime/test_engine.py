@@ -30,15 +30,15 @@ from backend.engine_api import KINDS, ChatResult, chat, fetch_metrics, total
 from backend.errors import EngineStartError
 from backend.prompts import prompt_of
 from backend.runtime.components import mps
-from backend.runtime.processes import child_tmp, leftovers
-from backend.runtime.display import Display
+from backend.runtime.components.engines import ENGINE_CORE_TITLE, check_engine_build, start_waves
 from backend.runtime.components.engines import Engine as RuntimeEngine
-from backend.runtime.components.engines import check_engine_build, start_waves
-from backend.runtime.processes.groups import group_processes, start_time
 from backend.runtime.components.logwatch import FATALS, LogState
+from backend.runtime.display import Display
+from backend.runtime.processes import child_tmp, leftovers
+from backend.runtime.processes.groups import group_processes, start_time
 from backend.runtime.processes.process import IN_USE, ChildGroup, bind_problem
 from backend.runtime.rundir import RunDir
-from backend.runtime.serve import ENGINE_CORE_TITLE, Server
+from backend.runtime.serve import Server
 from backend.runtime.status import read_status
 from config.hardware import load_profile
 from config.model import read_model
@@ -208,7 +208,11 @@ def test_the_children_of_a_killed_start_are_found_by_what_they_are_and_stopped_t
         page_env = environ_of(page)
         assert page_env["TMPDIR"].startswith(str(base / child_tmp.PREFIX))
         seen = subprocess.run(
-            [sys.executable, "-c", "from backend.runtime.processes.leftovers import find_leftovers as f; print(len(f()))"],
+            [
+                sys.executable,
+                "-c",
+                "from backend.runtime.processes.leftovers import find_leftovers as f; print(len(f()))",
+            ],
             env={**page_env, "PYTHONPATH": str(ROOT)},
             cwd=ROOT,
             capture_output=True,

@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from backend.runtime.components.engines import ENGINE_CORE_TITLE
 from backend.runtime.processes.groups import group_processes
-from backend.runtime.serve import ENGINE_CORE_TITLE
 from backend.runtime.status import read_status
 
 ESTABLISHED = "01"

@@ -15,9 +15,9 @@ import httpx
 
 from backend.engine_api import engine_url, headers, root_url, served_models
 from backend.errors import EngineStartError
-from backend.runtime.processes.child_tmp import OwnTmp, engine_tmp_env
 from backend.runtime.components.logwatch import LogState, Phase
 from backend.runtime.multinode.node_identity import vllm_version
+from backend.runtime.processes.child_tmp import OwnTmp, engine_tmp_env
 from backend.runtime.processes.process import ChildGroup
 from backend.runtime.status import EngineState
 from config.plan import Plan
@@ -176,9 +176,14 @@ class Engine:
     def label(self) -> str:
         return "the engine" if self.name == "engine" else self.name
 
-    def lower_priority(self, nice: int) -> list[int]:
-        """The engine core's threads to ``nice``; their pids (empty when none was found)."""
-        return self.process.lower_priority(ENGINE_CORE_TITLE, nice)
+    def lower_core(self, nice: int, say: Callable[[str], None]) -> str | None:
+        """The engine core's threads to ``nice``, said; a note when no engine core was found."""
+        if pids := self.process.lower_priority(ENGINE_CORE_TITLE, nice):
+            say(f"engine core (pid {', '.join(map(str, pids))}) at nice {nice}")
+            return None
+        note = f"no '{ENGINE_CORE_TITLE}' process found to lower to nice {nice}; replies may stall on few cores"
+        say(f"note: {note}")
+        return note
 
 
 def check_engine_build(plan: Plan, python: str, hardware: str) -> None:

@@ -31,8 +31,9 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from backend.errors import NodeError
+from backend.runtime.multinode.node_identity import model_fingerprint, resolves_to_loopback, vllm_version
 from backend.runtime.processes.process import IN_USE, bind_problem
-from config.commands import join_port, serve_line
+from config.commands import engine_env, join_port, serve_line
 from config.plan import Plan
 
 BEAT_S = 1.0
@@ -347,6 +348,14 @@ class Head:
                 break
             time.sleep(0.2)
 
+    def exit_code(self) -> int | None:
+        """None: the join point is a thread of ``serve``'s own, not a process that exits."""
+        return None
+
+    def stop(self) -> None:
+        """Close the join point (a supervised component's stop)."""
+        self.close()
+
     def close(self) -> None:
         """Close the join point."""
         if self.server is None:
@@ -354,3 +363,30 @@ class Head:
         self.server.shutdown()
         self.server.server_close()
         self.server = None
+
+
+def open_join_point(
+    plan: Plan, master_addr: str, master_port: int, python: str, model_path: str, model_id: str, gpus_per_node: int
+) -> Head:
+    """The head's join point for ``plan`` (not started), holding what every node must match: the
+    engine's vLLM, the model's files, the engines' environment."""
+    return Head(
+        plan=plan,
+        master_addr=master_addr,
+        master_port=master_port,
+        vllm=vllm_version(python),
+        fingerprint=model_fingerprint(model_path),
+        model_id=model_id,
+        environment=engine_env(plan, gpus_per_node),
+    )
+
+
+def join_lines(head: Head) -> list[str]:
+    """What the head prints once its join point is open: the exact line for every other node."""
+    lines = [f"on node {rank} run: {head.line(rank)}" for rank in range(1, head.nnodes)]
+    if resolves_to_loopback(head.master_addr):
+        lines.append(
+            f"note: the head listens on {head.master_addr}: only nodes on this host can join; for other machines "
+            "pass --master-addr <this node's network address>"
+        )
+    return lines

@@ -1,1 +1,2 @@
-"""Process hygiene: child process groups, their temporary directories, leftovers of killed starts, one start per run directory and port."""
+"""Process hygiene: child process groups and their temporary directories, what a killed start left
+running, one start per run directory and port."""

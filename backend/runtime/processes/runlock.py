@@ -41,8 +41,12 @@ class Claim:
 def claims_for(run_dir: Path, ports: Sequence[tuple[int, str]]) -> list[Claim]:
     """The run directory, then each ``(port, flag that moves it)``."""
     out = [Claim(run_dir / LOCK_FILE, f"the run directory {run_dir}", "or set another engine.run_dir")]
-    out += [Claim(port_lock_path(port), f"port {port}", f"or choose another {flag}") for port, flag in ports]
-    return out
+    return out + [port_claim(port, flag) for port, flag in ports]
+
+
+def port_claim(port: int, flag: str) -> Claim:
+    """A port, and the flag that moves it."""
+    return Claim(port_lock_path(port), f"port {port}", f"or choose another {flag}")
 
 
 class RunLock:
