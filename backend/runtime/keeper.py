@@ -20,11 +20,11 @@ from typing import Any, Protocol
 import httpx
 
 from backend.errors import EngineStartError, WarmupError
-from backend.runtime.display import Display
 from backend.runtime.components.engines import Engine
 from backend.runtime.components.logwatch import Phase
-from backend.runtime.revive import RestartBudget
 from backend.runtime.components.router import Router, WorkerHealth
+from backend.runtime.display import Display
+from backend.runtime.revive import RestartBudget
 from backend.runtime.status import EngineReport, EngineState, EngineStatus, WarmupRecord
 from config.pipeline import Planned
 from config.plan import Plan

@@ -18,8 +18,8 @@ from support.services import DEMO_DIR, BackendProcess, Engine, backend_env, stat
 
 from backend.errors import RunBusy
 from backend.runtime.components.logwatch import LogState
-from backend.runtime.revive import PAUSES_S, RestartBudget
 from backend.runtime.processes.runlock import RunLock, claims_for
+from backend.runtime.revive import PAUSES_S, RestartBudget
 from backend.runtime.status import read_status
 
 

@@ -34,8 +34,8 @@ from support.waiting import DEADLINE_S, group_gone, wait_until
 from backend.engine_api import ChatResult, chat, parse_metrics, total
 from backend.errors import NodeError
 from backend.runtime.multinode.cluster import BEAT_S, REJOIN_AFTER_S, Head, JoinRequest, Refused
-from backend.runtime.processes.groups import group_processes
 from backend.runtime.multinode.node import HeadLink, replica_host
+from backend.runtime.processes.groups import group_processes
 from backend.runtime.status import read_status
 from config.hardware import load_profile
 from config.model import read_model

@@ -35,10 +35,10 @@ from support.services import ROOT, BackendProcess, backend_env
 from support.waiting import DEADLINE_S, wait_until
 
 from backend.engine_api import ChatResult, chat, parse_metrics, total
+from backend.runtime.components.router import SESSION_HEADER, Router, RouterConfig, RouterError, Worker
 from backend.runtime.processes import leftovers
 from backend.runtime.processes.groups import group_processes
 from backend.runtime.processes.process import ChildGroup
-from backend.runtime.components.router import SESSION_HEADER, Router, RouterConfig, RouterError, Worker
 from backend.runtime.status import read_status
 
 ROUTER_PYTHON = os.environ.get("ROUTER_PYTHON", sys.executable)

@@ -24,6 +24,7 @@ import httpx
 from pydantic import ValidationError
 
 from backend.errors import ErniechatError, NodeError
+from backend.runtime.components.engines import Engine
 from backend.runtime.multinode.cluster import (
     BEAT_S,
     HEAD_LOST_S,
@@ -35,8 +36,6 @@ from backend.runtime.multinode.cluster import (
     NodeState,
     Refused,
 )
-from backend.runtime.components.engines import Engine
-from backend.runtime.processes.leftovers import stop_leftovers
 from backend.runtime.multinode.node_identity import (
     core_share,
     ip_towards,
@@ -45,6 +44,7 @@ from backend.runtime.multinode.node_identity import (
     resolves_to_loopback,
     vllm_version,
 )
+from backend.runtime.processes.leftovers import stop_leftovers
 from backend.runtime.resolve import resolve_model
 from config.commands import with_extra_args, worker_argv
 from config.pipeline import planned_as_given
