@@ -27,7 +27,7 @@ from backend.page.history import valid_text
 from backend.page.latency import AllChats, EngineStarts, received_at
 from backend.page.link import EngineLink, Target
 from backend.page.render import footer, progress_line, render_page, with_footer, write_if_changed
-from backend.page.sampling import Sampling, checked, knobs
+from backend.page.sampling import checked, knobs, sampling_from
 from backend.page.stream import stream_reply
 from backend.runtime.status import EngineStatus
 from config.settings import ROOT, load_settings
@@ -206,7 +206,7 @@ async def answer_one(text: str, reply_to: str, t0: float) -> None:
     try:
         target = await link.wait_ready(waiting.show)
         await waiting.close("✅ The engine is ready; answering.")
-        sampling = Sampling.from_values(cl.user_session.get("chat_settings") or {}, settings)
+        sampling = sampling_from(cl.user_session.get("chat_settings") or {}, settings)
         fitted = await link.fit(target, history, text, sampling)
         sent = bool(await reply.send())
         await stream_reply(

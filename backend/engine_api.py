@@ -19,6 +19,8 @@ from typing import Any, Literal
 import httpx
 
 from backend.errors import EngineDown, EngineRefused, EngineTimeout
+from config.sampling import Sampling
+from config.settings import AppSettings
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 """Bind addresses that mean "every interface": a client on this machine uses loopback."""
@@ -259,8 +261,8 @@ class Kind:
 
 KINDS = tuple(Kind(e, s, m) for m in (True, False) for e in ("chat", "completions") for s in (True, False))
 """The page's own path (chat, streamed, sampled) first."""
-PAGE_SAMPLING = {"temperature": 0.7, "top_p": 0.95}
-"""The chat page's default sampling (``app.temperature``, ``app.top_p``)."""
+BUILT_IN_SAMPLING = AppSettings().sampling()
+"""The page's defaults when ``app`` sets none: what a measuring request of a sampled kind draws with."""
 
 
 async def request(
@@ -271,11 +273,12 @@ async def request(
     text: str,
     *,
     max_tokens: int,
-    sampling: dict[str, float] | None = None,
+    sampling: Sampling = BUILT_IN_SAMPLING,
     api_key: str | None = None,
 ) -> ChatResult:
-    """One request of ``kind`` whose reply is exactly ``max_tokens`` long (``ignore_eos``)."""
-    extra: dict[str, Any] = {"ignore_eos": True, **((sampling or PAGE_SAMPLING) if kind.sampled else {})}
+    """One request of ``kind`` whose reply is exactly ``max_tokens`` long (``ignore_eos``); a
+    sampled kind draws as ``sampling`` says (its temperature and top-p)."""
+    extra: dict[str, Any] = {"ignore_eos": True, **(sampling.draw_fields() if kind.sampled else {})}
     if kind.endpoint == "chat":
         messages = [{"role": "user", "content": text}]
         return await chat(

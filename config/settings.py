@@ -27,6 +27,7 @@ from pydantic_settings import (
 from pydantic_settings import SettingsError as SourceError
 
 from config.errors import SettingsError
+from config.sampling import Sampling
 
 ENV_PREFIX = "ERNIECHAT_"
 ENV_DELIMITER = "__"
@@ -166,6 +167,10 @@ class AppSettings(_Section):
     """Where chats are kept: ``postgresql://user:password@host/db`` for Postgres, ``sqlite:///path`` for
     another SQLite file; default: ``chats.db`` in the run directory (``engine.run_dir``, the container's
     ``/data``). The page creates and upgrades its tables itself (``backend/page/chats.py``)."""
+
+    def sampling(self) -> Sampling:
+        """The page's chat settings before a user changes them (each slider's range holds them)."""
+        return Sampling(self.temperature, self.top_p, self.max_tokens, self.system_prompt)
 
     @field_validator("database_url")
     @classmethod

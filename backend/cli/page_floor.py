@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from backend.cli.bench import running_target
@@ -46,17 +47,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         why = echo.wait_serving()
         if why:
             raise UsageError(f"the echo app did not start: {why}")
-        a = settings.app
         opts = FloorOptions(
             base_url=url,
             model=model,
             page_url=args.page,
             echo_url=echo.url,
+            sampling=replace(settings.app.sampling(), max_tokens=args.max_tokens),
             levels=levels,
             rounds=args.rounds,
-            max_tokens=args.max_tokens,
-            temperature=a.temperature,
-            top_p=a.top_p,
             api_key=settings.engine.api_key,
         )
         figures = asyncio.run(measure_floor(opts))

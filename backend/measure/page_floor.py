@@ -23,23 +23,23 @@ import httpx
 from backend.engine_api import ChatResult, chat
 from backend.page_client import PageSession
 from backend.prompts import prompt_of
+from config.sampling import Sampling
 
 PATHS = ("direct", "page", "echo")
 
 
 @dataclass(frozen=True)
 class FloorOptions:
-    """Where to send, how many rounds and how long each reply is."""
+    """Where to send, how many rounds, and the chat settings every path uses (the page gets them
+    through its settings panel, its system prompt aside; the direct path in its request)."""
 
     base_url: str
     model: str
     page_url: str
     echo_url: str
+    sampling: Sampling
     levels: Sequence[int] = (1, 16)
     rounds: int = 20
-    max_tokens: int = 64
-    temperature: float = 0.7
-    top_p: float = 0.95
     api_key: str | None = None
 
 
@@ -94,7 +94,8 @@ def figures(results: list[ChatResult]) -> PathFigures:
 async def _through_page(url: str, text: str, opts: FloorOptions) -> ChatResult:
     tab = await PageSession(url).connect()
     try:
-        await tab.set_settings(temperature=opts.temperature, top_p=opts.top_p, max_tokens=opts.max_tokens)
+        s = opts.sampling
+        await tab.set_settings(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens)
         return await tab.ask(text)
     finally:
         await tab.close()
@@ -108,15 +109,14 @@ async def measure_floor(opts: FloorOptions, say: Callable[[str], None] = print) 
 
         async def direct(text: str) -> ChatResult:
             messages = [{"role": "user", "content": text}]
-            sampling = {"temperature": opts.temperature, "top_p": opts.top_p}
             return await chat(
                 http,
                 opts.base_url,
                 opts.model,
                 messages,
-                max_tokens=opts.max_tokens,
+                max_tokens=opts.sampling.max_tokens,
                 api_key=opts.api_key,
-                extra=sampling,
+                extra=opts.sampling.draw_fields(),
             )
 
         runners: dict[str, Callable[[str], Awaitable[ChatResult]]] = {

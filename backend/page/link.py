@@ -19,9 +19,9 @@ import httpx
 from backend.engine_api import chat_errors, count_tokens, engine_url, models
 from backend.errors import ChatError, EngineDown, EngineRefused, EngineTimeout
 from backend.page.history import Fitted, Message, TemplateCost, fit
-from backend.page.sampling import Sampling
 from backend.runtime.rundir import RunDir
 from backend.runtime.status import EngineStatus, WarmupRecord
+from config.sampling import Sampling
 from config.settings import Settings
 
 POLL_S = 0.5

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.page.history import valid_text
+from config.sampling import Sampling
 from config.settings import Settings
 
 
@@ -72,29 +73,17 @@ def checked(
     return clean, said
 
 
-@dataclass(frozen=True)
-class Sampling:
-    temperature: float
-    top_p: float
-    max_tokens: int
-    system_prompt: str
-
-    @classmethod
-    def from_values(cls, values: Mapping[str, Any], settings: Settings) -> Sampling:
-        """The session's chat settings, falling back to ``settings.app``; each value within its
-        slider's range (:func:`checked` has said what it changed when they arrived)."""
-        a = settings.app
-        fitted = {k.key: k.fit(values.get(k.key, getattr(a, k.key)), getattr(a, k.key))[0] for k in knobs(settings)}
-        return cls(
-            temperature=fitted["temperature"],
-            top_p=fitted["top_p"],
-            max_tokens=int(fitted["max_tokens"]),
-            system_prompt=valid_text(str(values.get("system_prompt", a.system_prompt) or "")),
-        )
-
-    @classmethod
-    def defaults(cls, settings: Settings) -> Sampling:
-        return cls.from_values({}, settings)
+def sampling_from(values: Mapping[str, Any], settings: Settings) -> Sampling:
+    """The session's chat settings, falling back to ``settings.app``; each value within its slider's
+    range (:func:`checked` has said what it changed when they arrived)."""
+    a = settings.app
+    fit = {k.key: k.fit(values.get(k.key, getattr(a, k.key)), getattr(a, k.key))[0] for k in knobs(settings)}
+    return Sampling(
+        temperature=fit["temperature"],
+        top_p=fit["top_p"],
+        max_tokens=int(fit["max_tokens"]),
+        system_prompt=valid_text(str(values.get("system_prompt", a.system_prompt) or "")),
+    )
 
 
 def _as_number(value: Any) -> float | None:

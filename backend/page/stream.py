@@ -16,7 +16,7 @@ from backend.engine_api import ChatResult, chat_body, chat_errors, headers, stre
 from backend.errors import EngineRefused, EngineTimeout
 from backend.page.history import Message
 from backend.page.link import EngineLink, Target
-from backend.page.sampling import Sampling
+from config.sampling import Sampling
 
 
 async def stream_reply(

@@ -372,7 +372,7 @@ class Server:
                 plan,
                 users=s.workload.users,
                 prompt_tokens=s.workload.prompt_tokens,
-                sampling={"temperature": s.app.temperature, "top_p": s.app.top_p},
+                sampling=s.app.sampling(),
                 api_key=s.engine.api_key,
                 on_progress=progress,
                 replicas=1 if plan.routed else None,

@@ -20,11 +20,12 @@ from collections.abc import Callable
 
 import httpx
 
-from backend.engine_api import KINDS, PAGE_SAMPLING, ChatResult, Kind, count_tokens, fetch_metrics, per_engine, request
+from backend.engine_api import KINDS, ChatResult, Kind, count_tokens, fetch_metrics, per_engine, request
 from backend.errors import WarmupError
 from backend.prompts import LONG_CAP, prompt_of, sized_prompt, tokens_per_word
 from backend.runtime.status import KindWarmth, WarmupRecord
 from config.plan import Plan
+from config.sampling import Sampling
 
 REPLY_TOKENS = 16
 MAX_ROUNDS = 6
@@ -42,12 +43,14 @@ async def warm_up(
     *,
     users: int,
     prompt_tokens: int,
-    sampling: dict[str, float] | None = None,
+    sampling: Sampling,
     api_key: str | None = None,
     on_progress: Callable[[str, float], None] | None = None,
     replicas: int | None = None,
 ) -> WarmupRecord:
     """Run the warm-up; the record it returns is saved beside the status. Raises WarmupError.
+    ``sampling``: the page's (its sampled requests draw as a user's do; replies stay
+    ``REPLY_TOKENS`` long).
     ``replicas``: vLLM replicas behind ``base_url`` (default the plan's data_parallel_size; one
     for each server of a routed plan)."""
     replicas = replicas or plan.data_parallel_size
@@ -57,7 +60,6 @@ async def warm_up(
     timeout = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=600.0)
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        sampled = sampling or PAGE_SAMPLING
 
         async def one(shape: str, words: int, kind: Kind = KINDS[0]) -> ChatResult:
             res = await request(
@@ -67,7 +69,7 @@ async def warm_up(
                 kind,
                 prompt_of(words),
                 max_tokens=REPLY_TOKENS,
-                sampling=sampled,
+                sampling=sampling,
                 api_key=api_key,
             )
             results.append((shape, res))

@@ -36,7 +36,7 @@ from backend.errors import EngineRefused, EngineTimeout, TooLong
 from backend.page import render
 from backend.page.history import TemplateCost, fit
 from backend.page.link import EngineLink, Target, prefill_s
-from backend.page.sampling import Sampling, checked
+from backend.page.sampling import checked, sampling_from
 from backend.page.stream import stream_reply
 from backend.page_client import user_message
 from backend.runtime.processes.groups import group_processes
@@ -44,6 +44,7 @@ from backend.runtime.rundir import RunDir
 from backend.runtime.status import EngineStatus, WarmupRecord, read_status
 from backend.runtime.up import settings_env
 from config.pipeline import plan_for
+from config.sampling import Sampling
 from config.settings import ROOT, AppSettings, EngineSettings, Settings, load_settings
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -161,10 +162,10 @@ def test_chat_settings_a_script_could_send_are_brought_into_range(tmp_path: Path
     """The sliders keep a browser in range; a hand-built client is not, and vLLM would refuse every
     later message of the chat (temperature 5: HTTP 400)."""
     settings = Settings(engine=EngineSettings(run_dir=tmp_path))
-    wild = Sampling.from_values({"temperature": 5, "top_p": 0, "max_tokens": 0, "system_prompt": "x\ud800"}, settings)
+    wild = sampling_from({"temperature": 5, "top_p": 0, "max_tokens": 0, "system_prompt": "x\ud800"}, settings)
     assert (wild.temperature, wild.top_p, wild.max_tokens, wild.system_prompt) == (2.0, 0.05, 1, "x\ufffd")
-    junk = Sampling.from_values({"temperature": "abc", "top_p": None, "max_tokens": float("nan")}, settings)
-    assert junk == Sampling.defaults(settings)
+    junk = sampling_from({"temperature": "abc", "top_p": None, "max_tokens": float("nan")}, settings)
+    assert junk == settings.app.sampling()
     assert not EngineRefused("HTTP 400", 400).retry and EngineRefused("HTTP 503", 503).retry
 
 
