@@ -21,8 +21,12 @@ from fastapi import HTTPException
 
 from backend.engine_api import ChatResult
 from backend.errors import ChatError, EngineDown, EngineTimeout, ErniechatError, TooLong
-from backend.page import auth, chats, panel
+from backend.page import auth, panel
 from backend.page import chainlit_internals as internals
+from backend.page.chats.export import EXPORT_COMMAND, is_export, send_export
+from backend.page.chats.identity import local_user_applies, use_identity
+from backend.page.chats.opening import not_saved_notice, open_chats
+from backend.page.chats.resume import history_of, remember
 from backend.page.history import valid_text
 from backend.page.latency import AllChats, EngineStarts, received_at
 from backend.page.link import EngineLink, Target
@@ -94,9 +98,9 @@ if login_on:
 
     internals.use_password_login(login)
 
-store = chats.open_chats(settings)  # the page chats unsaved, and says so, when the database fails
-chats.use_identity(chats.local_user_applies(settings, internals.bind_host(), login_on))
-panel.COMMANDS.append(chats.EXPORT_COMMAND)
+store = open_chats(settings)  # the page chats unsaved, and says so, when the database fails
+use_identity(local_user_applies(settings, internals.bind_host(), login_on))
+panel.COMMANDS.append(EXPORT_COMMAND)
 
 
 @cl.set_starters
@@ -132,7 +136,7 @@ class Progress:
 async def start(history: list[dict[str, str]] | None = None) -> None:
     """A new chat, or (``history`` given) a reopened one going on with the model's history rebuilt."""
     cl.user_session.set("history", history or [])
-    if notice := chats.not_saved_notice(store):
+    if notice := not_saved_notice(store):
         await cl.Message(content=notice).send()
     a = settings.app
     await cl.ChatSettings(
@@ -166,7 +170,7 @@ async def start(history: list[dict[str, str]] | None = None) -> None:
 @cl.on_chat_resume
 async def resume(thread: ThreadDict) -> None:
     """A past chat reopened (the sidebar, or a socket's ``threadId``; Chainlit checked it is the user's)."""
-    await start(chats.history_of(thread))
+    await start(history_of(thread))
 
 
 async def refused(text: str, reply_to: str) -> bool:
@@ -223,7 +227,7 @@ async def answer_one(text: str, reply_to: str, t0: float) -> None:
     except asyncio.CancelledError:  # Stop: the engine's stream is closed already; keep what was said
         await waiting.close("Stopped waiting for the engine.")
         if result.text:
-            chats.remember(history, reply, text, result.text)
+            remember(history, reply, text, result.text)
         if sent:
             split = panel.keep_timing(reply, result, target, all_chats, engine_starts, stopped=True)
             reply.content = with_footer(result.text, footer(result, stopped=True, split=split))
@@ -242,7 +246,7 @@ async def answer_one(text: str, reply_to: str, t0: float) -> None:
         why = f"The page failed on this message ({type(err).__name__}: {err}); its log has the details."
         await show_failure(reply, sent, result, text, reply_to, why, retry=True, when="")
     else:
-        chats.remember(history, reply, text, result.text)
+        remember(history, reply, text, result.text)
         note = ""
         if fitted.dropped_turns:
             n = fitted.dropped_turns
@@ -300,8 +304,8 @@ async def on_message(message: cl.Message) -> None:
             internals.stop_reaches(running)  # Stop still reaches the reply being written
         await panel.show(args, all_chats)
         return
-    if chats.is_export(message):
-        await chats.send_export(chat_context.get(), f"Chat {cl.context.session.thread_id}")
+    if is_export(message):
+        await send_export(chat_context.get(), f"Chat {cl.context.session.thread_id}")
         return
     if not await refused(text, message.id):
         await answer(text, message.id, t0)

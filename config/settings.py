@@ -166,7 +166,7 @@ class AppSettings(_Section):
     database_url: str | None = None
     """Where chats are kept: ``postgresql://user:password@host/db`` for Postgres, ``sqlite:///path`` for
     another SQLite file; default: ``chats.db`` in the run directory (``engine.run_dir``, the container's
-    ``/data``). The page creates and upgrades its tables itself (``backend/page/chats.py``)."""
+    ``/data``). The page creates and upgrades its tables itself (``backend/page/chats/schema.py``)."""
 
     def sampling(self) -> Sampling:
         """The page's chat settings before a user changes them (each slider's range holds them)."""

@@ -371,7 +371,7 @@ def test_password_login_only_with_secret_and_users(page_without_engine: Callable
     assert good.status_code == 200 and "access_token" in good.headers.get("set-cookie", "")
     bad = httpx.post(page.url + "/login", data={"username": "ann", "password": "nope"}, timeout=10)
     assert bad.status_code == 401
-    open_page = page_without_engine()  # no users, no secret: no password, the one local user (page/chats.py)
+    open_page = page_without_engine()  # no users, no secret: no password, the one local user (page/chats/identity.py)
     assert httpx.get(open_page.url + "/auth/config", timeout=10).json()["passwordAuth"] is False
     assert httpx.get(open_page.url + "/user", timeout=10).json()["identifier"] == "local", "no login form"
 

@@ -1,4 +1,4 @@
-"""Chats that last (backend/page/chats.py): Chainlit's data layer on a real SQLite file and a real
+"""Chats that last (backend/page/chats/): Chainlit's data layer on a real SQLite file and a real
 Postgres (Debian's ``postgresql``, a throwaway cluster run by a non-root user).
 
 First the store itself on both databases (schema made and upgraded, JSON and tags read back, owner
@@ -31,7 +31,12 @@ from support.postgres import Postgres
 from support.services import Engine
 from support.waiting import until_async
 
-from backend.page import chats
+from backend.page.chats.database import DEFAULT_FILE, async_url, sqlite_file
+from backend.page.chats.identity import LOCAL_USER, REQUEST_USER, local_user_applies
+from backend.page.chats.opening import open_chats, run_now
+from backend.page.chats.resume import REPLY_CHARS, history_of
+from backend.page.chats.schema import ensure_schema
+from backend.page.chats.store import ChatStore
 from backend.runtime.up import ChatPage
 from config.settings import Settings
 
@@ -61,7 +66,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     pg: Postgres = request.getfixturevalue("postgres")
     name = f"t{uuid.uuid4().hex[:12]}"
     _pg_admin(pg, f"CREATE DATABASE {name}")
-    yield chats.async_url(pg.url.rsplit("/", 1)[0] + f"/{name}")
+    yield async_url(pg.url.rsplit("/", 1)[0] + f"/{name}")
 
 
 def _pg_admin(pg: Postgres, sql: str) -> None:
@@ -95,7 +100,7 @@ no elements or feedbacks tables; with a chat in it."""
 
 def test_the_schema_is_made_once_and_an_old_one_is_upgraded_keeping_its_chats(db_url: str) -> None:
     thread = str(uuid.uuid4())
-    sqlite = chats.sqlite_file(db_url)
+    sqlite = sqlite_file(db_url)
     types = (
         {"uuid": "TEXT", "json": "TEXT", "tags": "TEXT"}
         if sqlite
@@ -115,12 +120,12 @@ def test_the_schema_is_made_once_and_an_old_one_is_upgraded_keeping_its_chats(db
             await conn.close()
 
         asyncio.run(make_old())
-    added = chats._run_now(chats.ensure_schema(db_url))
+    added = run_now(ensure_schema(db_url))
     assert {"steps.command", "steps.modes", "steps.defaultOpen", "steps.autoCollapse"} <= set(added), added
-    assert chats._run_now(chats.ensure_schema(db_url)) == [], "a second start changes nothing"
+    assert run_now(ensure_schema(db_url)) == [], "a second start changes nothing"
 
     async def read() -> Any:
-        store = chats.ChatStore(db_url)
+        store = ChatStore(db_url)
         try:
             return await store.get_thread(thread)
         finally:
@@ -132,27 +137,27 @@ def test_the_schema_is_made_once_and_an_old_one_is_upgraded_keeping_its_chats(db
 def test_tags_and_json_come_back_as_written_and_writes_check_the_owner(db_url: str) -> None:
     """Chainlit's pitfalls: tags bound as a list (SQLite refused them), JSON read back as text; and
     a write into another user's chat, or feedback on another user's message, is refused."""
-    chats._run_now(chats.ensure_schema(db_url))
+    run_now(ensure_schema(db_url))
 
     async def run() -> None:
         init_http_context()
-        store = chats.ChatStore(db_url)
+        store = ChatStore(db_url)
         try:
             ann = await store.create_user(User(identifier="ann"))
             bob = await store.create_user(User(identifier="bob"))
             assert ann and bob
             tid, sid = str(uuid.uuid4()), str(uuid.uuid4())
-            meta = {"in_reply_to": "q", chats.REPLY_CHARS: 2, "timing": {"ttft_ms": 12.5, "parts": [1, 2]}}
+            meta = {"in_reply_to": "q", REPLY_CHARS: 2, "timing": {"ttft_ms": 12.5, "parts": [1, 2]}}
             await store.update_thread(tid, name="first", user_id=ann.id, tags=["a", "b"], metadata={"k": [1]})
             step = {"id": sid, "threadId": tid, "name": "Assistant", "type": "assistant_message", "streaming": False}
             await store.create_step({**step, "output": "hi", "metadata": meta, "tags": ["t"], "modes": {"m": "v"}})
             await store.update_thread(tid, name="taken", user_id=bob.id)  # bob's socket naming ann's chat
-            token = chats._REQUEST_USER.set("bob")
+            token = REQUEST_USER.set("bob")
             await store.upsert_feedback(Feedback(forId=sid, value=0, threadId=tid))
-            chats._REQUEST_USER.reset(token)
-            token = chats._REQUEST_USER.set("ann")
+            REQUEST_USER.reset(token)
+            token = REQUEST_USER.set("ann")
             await store.upsert_feedback(Feedback(forId=sid, value=1, threadId=tid))
-            chats._REQUEST_USER.reset(token)
+            REQUEST_USER.reset(token)
             assert await store.writer.flush()
             thread = await store.get_thread(tid)
             assert thread is not None
@@ -182,7 +187,7 @@ def test_a_database_that_cannot_be_used_is_named_with_what_to_do(tmp_path: Path)
         closed: ["cannot be reached", "app.database_url", "erniechat:***@127.0.0.1"],
     }
     for url, said in cases.items():
-        opened = chats.open_chats(Settings.model_validate({"app": {"database_url": url}}))
+        opened = open_chats(Settings.model_validate({"app": {"database_url": url}}))
         assert opened.layer is None and opened.problem, url
         for part in said:
             assert part in opened.problem, opened.problem
@@ -193,10 +198,10 @@ def test_a_database_that_cannot_be_used_is_named_with_what_to_do(tmp_path: Path)
 
 def test_the_local_user_is_for_a_page_on_loopback_without_login_or_users() -> None:
     plain, with_users = Settings(), Settings.model_validate({"app": {"users": USERS}})
-    assert chats.local_user_applies(plain, "127.0.0.1", login_on=False)
-    assert not chats.local_user_applies(plain, "0.0.0.0", login_on=False)
-    assert not chats.local_user_applies(with_users, "127.0.0.1", login_on=False), "users but no secret: no local user"
-    assert not chats.local_user_applies(with_users, "127.0.0.1", login_on=True)
+    assert local_user_applies(plain, "127.0.0.1", login_on=False)
+    assert not local_user_applies(plain, "0.0.0.0", login_on=False)
+    assert not local_user_applies(with_users, "127.0.0.1", login_on=False), "users but no secret: no local user"
+    assert not local_user_applies(with_users, "127.0.0.1", login_on=True)
 
 
 def test_history_is_rebuilt_from_the_replies_that_went_into_it() -> None:
@@ -204,7 +209,7 @@ def test_history_is_rebuilt_from_the_replies_that_went_into_it() -> None:
     reply = "An answer."
 
     def chars(n: int) -> dict[str, int]:
-        return {chats.REPLY_CHARS: n}
+        return {REPLY_CHARS: n}
 
     steps = [
         {"id": q1, "type": "user_message", "output": "first"},
@@ -224,7 +229,7 @@ def test_history_is_rebuilt_from_the_replies_that_went_into_it() -> None:
             "metadata": json.dumps({"in_reply_to": q1, "reply_chars": 5}),
         },
     ]
-    assert chats.history_of({"steps": steps}) == [  # type: ignore[typeddict-item]
+    assert history_of({"steps": steps}) == [  # type: ignore[typeddict-item]
         {"role": "user", "content": "second"},
         {"role": "assistant", "content": reply},
         {"role": "user", "content": "first"},
@@ -263,7 +268,7 @@ async def _saved(page: ChatPage, first: str, replies: int, cookie: str | None = 
 
 
 def _replies(thread: dict[str, Any]) -> list[dict[str, Any]]:
-    return [s for s in thread["steps"] if chats.REPLY_CHARS in (s.get("metadata") or {})]
+    return [s for s in thread["steps"] if REPLY_CHARS in (s.get("metadata") or {})]
 
 
 def _restart(page: ChatPage) -> ChatPage:
@@ -286,7 +291,7 @@ def test_a_local_chat_is_kept_in_the_run_directory_reopened_after_a_restart_and_
 
         async def before() -> tuple[str, str]:
             me = await _http(page, "GET", "/user")
-            assert me.status_code == 200 and me.json()["identifier"] == chats.LOCAL_USER, me.text
+            assert me.status_code == 200 and me.json()["identifier"] == LOCAL_USER, me.text
             config = (await _http(page, "GET", "/auth/config")).json()
             assert config["passwordAuth"] is False and config["headerAuth"] is True
             async with ChatClient(page.url) as tab:
@@ -313,7 +318,7 @@ def test_a_local_chat_is_kept_in_the_run_directory_reopened_after_a_restart_and_
             return thread["id"], reply["output"]
 
         thread_id, said = asyncio.run(before())
-        assert (engine.run_dir / chats.DEFAULT_FILE).is_file(), "kept in the run directory by default"
+        assert (engine.run_dir / DEFAULT_FILE).is_file(), "kept in the run directory by default"
 
         async def stored() -> None:
             thread = await _saved(page, first, 1)

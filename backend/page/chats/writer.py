@@ -1,0 +1,148 @@
+"""Writes leave the reply's path: each write is queued and done by one task per page process, in
+order, after the replies in flight end (at most :data:`HOLD_S` later), so nothing on the way to a
+first token waits for the database.
+
+Chainlit's data layer swallows every database error; here a write that fails is said once in its
+chat, and later writes go on being tried (the database may come back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+import chainlit as cl
+from chainlit.context import context as chainlit_context
+from chainlit.context import init_ws_context
+from chainlit.session import WebsocketSession
+
+from backend.page.chats.database import NotYours, first_line
+
+log = logging.getLogger("erniechat.chats")
+
+HOLD_S = 10.0
+"""Longest a write waits for the replies in flight to end (a busy page still saves its chats)."""
+MAX_QUEUED = 50_000
+"""Writes kept while the database is slow or gone; the oldest are dropped beyond this."""
+IN_WRITER: ContextVar[bool] = ContextVar("erniechat_in_writer", default=False)
+"""Set in the writer's task: SQL there fails loudly (the failure is said), elsewhere it is forgiving."""
+
+
+@dataclass
+class Job:
+    work: Callable[[], Awaitable[None]]
+    what: str
+    session: WebsocketSession | None
+    queued: float = field(default_factory=time.monotonic)
+
+
+class Writer:
+    """One task per page process does the database writes, in the order they were asked for, once no
+    reply is in flight (or :data:`HOLD_S` after the write was asked for). A failed write is said once
+    in the chat it belongs to; later ones go on being tried (the database may come back)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.queue: deque[Job] = deque()
+        self.replies = 0
+        self.told: set[str] = set()
+        self.failures = 0
+        self.last_error = ""
+        self._wake: asyncio.Event | None = None
+        self._quiet: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def _events(self) -> tuple[asyncio.Event, asyncio.Event, asyncio.Event]:
+        if self._wake is None or self._quiet is None or self._idle is None:
+            self._wake, self._quiet, self._idle = asyncio.Event(), asyncio.Event(), asyncio.Event()
+            self._quiet.set()
+            self._idle.set()
+        return self._wake, self._quiet, self._idle
+
+    def put(self, work: Callable[[], Awaitable[None]], what: str) -> None:
+        wake, _, idle = self._events()
+        try:
+            session = chainlit_context.session
+        except Exception:  # an HTTP route's write (feedback): no chat to tell
+            session = None
+        if len(self.queue) >= MAX_QUEUED:
+            dropped = self.queue.popleft()
+            log.warning("chat store: %d writes waiting; dropped the oldest (%s)", MAX_QUEUED, dropped.what)
+        self.queue.append(Job(work, what, session if isinstance(session, WebsocketSession) else None))
+        idle.clear()
+        wake.set()
+        if self._task is None or self._task.done():
+            # a context of its own: not the chat's that happened to ask first
+            self._task = asyncio.get_running_loop().create_task(self._run(), context=contextvars.Context())
+
+    @contextlib.contextmanager
+    def reply(self) -> Iterator[None]:
+        """Writes wait while this reply is in flight."""
+        _, quiet, _ = self._events()
+        self.replies += 1
+        quiet.clear()
+        try:
+            yield
+        finally:
+            self.replies -= 1
+            if self.replies == 0:
+                quiet.set()
+
+    async def flush(self, timeout: float = 60.0) -> bool:
+        """Wait until every write asked for so far is done (or failed); False on timeout."""
+        _, _, idle = self._events()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(idle.wait(), timeout)
+        return idle.is_set()
+
+    async def _run(self) -> None:
+        wake, quiet, idle = self._events()
+        IN_WRITER.set(True)
+        while True:
+            if not self.queue:
+                idle.set()
+                wake.clear()
+                await wake.wait()
+                continue
+            job = self.queue[0]
+            left = HOLD_S - (time.monotonic() - job.queued)
+            if not quiet.is_set() and left > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(quiet.wait(), left)
+            self.queue.popleft()
+            try:
+                await job.work()
+            except Exception as err:
+                self._failed(job, err)
+
+    def _failed(self, job: Job, err: Exception) -> None:
+        self.failures += 1
+        self.last_error = f"{type(err).__name__}: {first_line(err)}"
+        log.warning("chat store: %s failed on %s (%s)", job.what, self.where, self.last_error)
+        session = job.session
+        if session is None or session.id in self.told:
+            return
+        self.told.add(session.id)
+        why = (
+            f"⚠️ This chat is no longer being saved: the chat database {self.where} failed ({self.last_error}). "
+            "Replies go on; what is said from now on may be missing when the chat is reopened."
+        )
+        if isinstance(err, NotYours):
+            why = f"⚠️ This chat is not being saved: {err}"
+        asyncio.get_running_loop().create_task(_say(session, why))
+
+
+async def _say(session: WebsocketSession, words: str) -> None:
+    """A notice in ``session``'s chat (its own task: the chat's context is set in it only)."""
+    IN_WRITER.set(False)
+    init_ws_context(session)
+    with contextlib.suppress(Exception):  # the tab may be gone
+        await cl.Message(content=words).send()
