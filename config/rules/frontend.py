@@ -8,7 +8,7 @@ settings, not plan values, and live in ``config.settings``.
 
 from __future__ import annotations
 
-from config.draft import Draft
+from config.draft import Draft, Work
 from config.hardware import Hardware
 from config.model import ModelSpec
 from config.settings import WorkloadSettings
@@ -71,7 +71,7 @@ def gpu_frontend(
         if interval > 1
         else "every token as it comes: a big model's tokens are slow enough to send one by one",
     )
-    backend = draft.values["distributed_executor_backend"]  # set by the parallel rules before this one
+    backend = draft.values["distributed_executor_backend"]
     if backend in ASYNC_EXECUTORS:
         draft.set(
             "async_scheduling",
@@ -83,9 +83,10 @@ def gpu_frontend(
         draft.set("async_scheduling", False, f"the {backend} executor does not schedule asynchronously")
 
 
-def page_processes(draft: Draft, hardware: Hardware, model: ModelSpec, workload: WorkloadSettings) -> None:
+def page_processes(work: Work) -> None:
     """Set page_processes: one Chainlit event loop sets up every message of the page, so a small
     model's many concurrent chats on a GPU host need several (cores to spare: a quarter of them)."""
+    draft, hardware, model, workload = work.draft, work.hardware, work.model, work.workload
     cores = hardware.node.cpu_cores
     small = host_bound(model)
     if hardware.has_gpu and small and workload.users >= PAGE_USERS_PER_PROCESS * 2 and cores >= 8:
@@ -106,17 +107,19 @@ def page_processes(draft: Draft, hardware: Hardware, model: ModelSpec, workload:
         )
 
 
-def cpu_frontend(draft: Draft) -> None:
+def cpu_frontend(work: Work) -> None:
     """Set api_server_count and async_scheduling for the CPU engine."""
+    draft = work.draft
     draft.set("api_server_count", 1, "one API server: the CPU engine itself is the bottleneck")
     draft.set("async_scheduling", False, "not supported by the CPU engine")
     draft.set("stream_interval", 1, "every token as it comes: the CPU engine is slower than its API server")
 
 
-def reply_metrics(draft: Draft, hardware: Hardware) -> None:
+def reply_metrics(work: Work) -> None:
     """Set per_request_metrics and prompt_tokens_details: what the page's footer splits each reply's
     first-token time with. Each flag only where the engine's vLLM has it (the GPU build, vLLM 0.24, has
     no per-request metrics)."""
+    draft, hardware = work.draft, work.hardware
     if hardware.has_gpu:
         draft.set(
             "per_request_metrics",

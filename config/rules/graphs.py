@@ -10,7 +10,7 @@ steps up to 1024 tokens; BENCHMARKS.md#whole-step-cuda-graphs).
 
 from __future__ import annotations
 
-from config.draft import Draft
+from config.draft import Draft, Work
 from config.hardware import GPUInfo
 from config.model import ModelSpec
 from config.rules.frontend import host_bound
@@ -38,8 +38,8 @@ def _why_not_whole_steps(gpus: list[GPUInfo], model: ModelSpec) -> str:
 
 def whole_step_graphs(draft: Draft, gpus: list[GPUInfo], model: ModelSpec) -> bool:
     """Whether the plan will graph whole steps (``FULL``, pinned or the planner's), and vLLM can: a
-    FULL pin where FlashAttention 2 runs graphs pure decode steps only. Engines per GPU hang on it, and
-    are chosen before the graphs."""
+    FULL pin where FlashAttention 2 runs graphs pure decode steps only. Engines per GPU hang on it, so it
+    is read from the pins and the GPUs, not from cudagraph_mode on the draft."""
     return draft.pins.get("cudagraph_mode", "FULL") == "FULL" and not _why_not_whole_steps(gpus, model)
 
 
@@ -67,7 +67,8 @@ def gpu_graphs(draft: Draft, gpus: list[GPUInfo], model: ModelSpec, max_num_batc
     )
 
 
-def cpu_graphs(draft: Draft) -> None:
+def cpu_graphs(work: Work) -> None:
     """Set both to vLLM's own on the CPU engine (a pin of anything else is refused by the plan's check)."""
+    draft = work.draft
     draft.set("cudagraph_mode", "auto", "the CPU engine runs no CUDA graphs")
     draft.set("max_cudagraph_capture_size", 0, "the CPU engine runs no CUDA graphs")

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from fake_nvml import FakeGPU, FakeNVML, four_gpus
+from support.fake_nvml import FakeGPU, FakeNVML, four_gpus
 
 from config.errors import HardwareError
 from config.hardware import (

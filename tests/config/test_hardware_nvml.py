@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pytest
-from fake_nvml import FakeGPU, FakeNVML, four_gpus
+from support.fake_nvml import FakeGPU, FakeNVML, four_gpus
 
 from config.hardware.nvml import (
     PcieLink,

@@ -441,7 +441,7 @@ def test_plans_pass_vllms_own_config_checks(tmp_path: Path) -> None:
     cases.append({"id": "bad", "config_dir": cases[0]["config_dir"], "plan": bad, "flags": []})
     cases.append(dict(cases[0], id="bad-flag", flags=["--no-such-flag"]))
     done = subprocess.run(
-        [ENGINE_PYTHON, str(ROOT / "tests" / "config" / "vllm_rules_check.py")],
+        [ENGINE_PYTHON, str(ROOT / "tests" / "support" / "vllm_rules_check.py")],
         input=json.dumps(cases),
         capture_output=True,
         text=True,
