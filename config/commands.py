@@ -154,6 +154,8 @@ def engine_flags(plan: Plan) -> list[str]:
             "--gpu-memory-utilization",
             str(plan.gpu_memory_utilization),
         ]
+        if plan.kv_cache_memory_bytes:
+            argv += ["--kv-cache-memory-bytes", str(plan.kv_cache_memory_bytes)]
         if plan.data_parallel_size > 1 and not plan.routed:
             argv += ["--data-parallel-size", str(plan.data_parallel_size)]
         if plan.api_server_count > 1:

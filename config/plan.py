@@ -98,6 +98,9 @@ class Plan(BaseModel):
     max_num_batched_tokens: int = Field(ge=1)
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     cpu_kv_cache_space_gib: int | None = Field(default=None, ge=1)
+    kv_cache_memory_bytes: int | None = Field(default=None, ge=1)
+    """A GPU engine's KV cache, fixed (``--kv-cache-memory-bytes``) rather than measured by vLLM at start:
+    set when engines share a GPU, so that they start together without reading each other's memory."""
     max_model_len: int = Field(ge=1)
     dtype: DType
     api_server_count: int = Field(default=1, ge=1)
@@ -245,6 +248,11 @@ PINNABLE = (
     "stream_interval",
     "page_processes",
 )
+
+_AFTER = PINNABLE.index("cpu_kv_cache_space_gib") + 1
+SHOWN = (*PINNABLE[:_AFTER], "kv_cache_memory_bytes", *PINNABLE[_AFTER:])
+"""The order ``plan`` prints values in: the pinnable ones, with the KV cache fixed from them beside the
+memory share."""
 
 
 def _cross_field_problems(plan: Plan) -> list[str]:

@@ -6,7 +6,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 from config.commands import node_parts
-from config.plan import PINNABLE
+from config.plan import SHOWN
 
 if TYPE_CHECKING:
     from config.pipeline import Planned
@@ -25,7 +25,7 @@ def plan_lines(planned: Planned, width: int = 100) -> list[str]:
     ]
     for note in planned.notes:
         lines.append(f"note: {note}")
-    for key in PINNABLE:
+    for key in SHOWN:
         value = getattr(plan, key)
         if value is None:
             continue

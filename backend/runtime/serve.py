@@ -190,9 +190,10 @@ class Server:
                     f"of your own (pipe {self.mps.pipe_dir})"
                 )
                 self.status.notes.append("the engines share each GPU through MPS (gpu_sharing=mps)")
-            # Engines sharing a GPU one after another, each healthy and warmed before the next starts;
-            # engines on different GPUs together (start_waves).
-            for wave in start_waves(plan.engine_count, plan.engines_per_gpu, plan.device):
+            # GPU engines together when none measures its memory at start, else one per GPU at a time;
+            # each wave healthy and warmed before the next (start_waves).
+            kv_fixed = plan.kv_cache_memory_bytes is not None
+            for wave in start_waves(plan.engine_count, plan.engines_per_gpu, plan.device, kv_fixed):
                 launch = time.monotonic()
                 started = [self.engines[i] for i in wave]
                 for engine in started:

@@ -217,3 +217,17 @@ def set_engine_core_nice(work: Work) -> None:
         "the API server on a 2-core CPU engine only (BENCHMARKS.md#engine-core-priority-on-cpu); pin 19 if replies "
         "come in bursts",
     )
+
+
+def fix_kv_cache(work: GpuWork) -> None:
+    """Engines sharing a GPU: each one's KV cache fixed from this arithmetic, not measured by vLLM at
+    start (its measurement counts what the others allocate meanwhile), so all of them start at once."""
+    if work.engines == 1:
+        return
+    kv = work.memory.kv_budget_bytes
+    work.draft.set(
+        "kv_cache_memory_bytes",
+        kv,
+        f"{kv / GIB:.2f} GiB of KV cache for each of the {work.engines} engines sharing a GPU, fixed so that "
+        "they start together, none measuring the others' memory as its own (BENCHMARKS.md#start-up-and-warm-up)",
+    )

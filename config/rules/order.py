@@ -50,6 +50,7 @@ GPU_STEPS: tuple[Callable[[gpu.GpuWork], None], ...] = (
     reply_metrics,
     gpu.set_engine_core_nice,
     gpu.add_memory,
+    gpu.fix_kv_cache,  # from the memory arithmetic, when engines share a GPU
 )
 """A GPU plan: which GPUs, the served dtype, the memory share, then the split, the engines, the KV cache
 at that split, and what the KV cache allows."""

@@ -30,7 +30,7 @@ from backend.engine_api import KINDS, ChatResult, chat, fetch_metrics, total
 from backend.errors import EngineStartError
 from backend.prompts import prompt_of
 from backend.runtime.components import mps
-from backend.runtime.components.engines import ENGINE_CORE_TITLE, check_engine_build, start_waves
+from backend.runtime.components.engines import ENGINE_CORE_TITLE, check_engine_build, compile_cache_env, start_waves
 from backend.runtime.components.engines import Engine as RuntimeEngine
 from backend.runtime.components.logwatch import FATALS, LogState
 from backend.runtime.display import Display
@@ -303,14 +303,21 @@ def test_engines_on_different_gpus_warm_together(
     assert written is not None and written.state == "warming"
 
 
-def test_start_waves_put_engines_that_share_a_gpu_in_turn_and_the_others_together() -> None:
-    assert start_waves(16, 2, "cuda") == [[0], [1, 2, 4, 6, 8, 10, 12, 14], [3, 5, 7, 9, 11, 13, 15]]
-    assert start_waves(4, 2, "cuda") == [[0], [1, 2], [3]]
-    assert start_waves(2, 2, "cuda") == [[0], [1]]
-    assert start_waves(6, 3, "cuda") == [[0], [1, 3], [2, 4], [5]], "three per GPU: one after another on each"
-    assert start_waves(4, 1, "cuda") == [[0], [1, 2, 3]], "engine 0 alone first: it fills the compile cache"
-    assert start_waves(2, 2, "cpu") == [[0], [1]], "CPU engines share the one CPU"
-    assert start_waves(1, 1, "cuda") == [[0]]
+def test_start_waves_start_gpu_engines_together_unless_they_measure_a_shared_gpu() -> None:
+    assert start_waves(3, 3, "cuda", kv_fixed=True) == [[0, 1, 2]], "a fixed KV cache each: all at once"
+    assert start_waves(4, 1, "cuda", kv_fixed=False) == [[0, 1, 2, 3]], "one per GPU: nothing shared"
+    assert start_waves(4, 2, "cuda", kv_fixed=False) == [[0, 2], [1, 3]], "one per GPU at a time"
+    assert start_waves(6, 3, "cuda", kv_fixed=False) == [[0, 3], [1, 4], [2, 5]]
+    assert start_waves(2, 2, "cpu", kv_fixed=True) == [[0], [1]], "CPU engines share the one CPU"
+    assert start_waves(1, 1, "cuda", kv_fixed=False) == [[0]]
+
+
+def test_gpu_engines_started_together_compile_into_caches_of_their_own(tmp_path: Path) -> None:
+    assert compile_cache_env(0, {"VLLM_CACHE_ROOT": str(tmp_path)}) == {}, "engine 0: vLLM's own cache"
+    assert compile_cache_env(2, {"VLLM_CACHE_ROOT": str(tmp_path)}) == {"VLLM_CACHE_ROOT": str(tmp_path / "engine-2")}
+    assert compile_cache_env(1, {"XDG_CACHE_HOME": str(tmp_path)}) == {
+        "VLLM_CACHE_ROOT": str(tmp_path / "vllm" / "engine-1")
+    }
 
 
 def test_engine_core_runs_at_low_priority_and_the_rest_at_normal(engine: Engine) -> None:

@@ -8,7 +8,7 @@ API is up, ``/health`` answers and ``/v1/models`` lists the model.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import httpx
@@ -25,30 +25,33 @@ from config.plan import Plan
 ENGINE_CORE_TITLE = "VLLM::EngineCor"  # vLLM's process title "VLLM::EngineCore…", as Linux keeps 15 chars
 
 
-def start_waves(engine_count: int, engines_per_gpu: int, device: str) -> list[list[int]]:
-    """The order in which a plan's servers start: engine 0 alone, then waves of engines that share no
-    GPU, each wave healthy and warmed before the next starts.
+def start_waves(engine_count: int, engines_per_gpu: int, device: str, kv_fixed: bool) -> list[list[int]]:
+    """The order in which a plan's servers start: waves, each healthy and warmed before the next.
 
-    Engines sharing a GPU start one after another: vLLM sizes its KV cache from the GPU's free memory,
-    and with both engines started first and warmed after, the second engine's first request never
-    answered on an H200 (BENCHMARKS.md, "Several engines on one GPU"). Engines on different GPUs
-    start together, after engine 0, which fills vLLM's compile cache for them: on 8 GPUs with two
-    engines each that is three waves instead of sixteen starts. A CPU engine shares its one device.
+    GPU engines start together, each with a compile cache of its own (``compile_cache_env``), when
+    none sizes its KV cache from what it finds free: engines alone on their GPUs, or engines sharing
+    one with the plan's ``kv_cache_memory_bytes``. Engines sharing a GPU that measure their memory
+    (vLLM's default) start one after another: each counts what the others allocate meanwhile as its
+    own, and with two started first and warmed after, the second one's first request never answered
+    on an H200 (BENCHMARKS.md, "Start-up and warm-up"). A CPU engine shares its one device.
     """
     if device != "cuda" or engine_count <= 1:
         return [[i] for i in range(engine_count)]
     per_gpu = max(engines_per_gpu, 1)
-    rest = list(range(1, engine_count))
-    waves: list[list[int]] = [[0]]
-    while rest:
-        wave, gpus = [], set()
-        for i in rest:
-            if i // per_gpu not in gpus:
-                wave.append(i)
-                gpus.add(i // per_gpu)
-        waves.append(wave)
-        rest = [i for i in rest if i not in wave]
-    return waves
+    if per_gpu == 1 or kv_fixed:
+        return [list(range(engine_count))]
+    waves = [[i for i in range(engine_count) if i % per_gpu == k] for k in range(per_gpu)]
+    return [w for w in waves if w]
+
+
+def compile_cache_env(index: int, environ: Mapping[str, str]) -> dict[str, str]:
+    """Engine ``index``'s own vLLM cache root when several GPU engines start together: vLLM writes its
+    compile cache in place, so two engines compiling the same model into one cache could read each
+    other's half-written file. Engine 0 keeps vLLM's own root (a single-engine plan's cache)."""
+    if index == 0:
+        return {}
+    root = environ.get("VLLM_CACHE_ROOT") or str(Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm")
+    return {"VLLM_CACHE_ROOT": str(Path(root) / f"engine-{index}")}
 
 
 class Engine:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from backend.errors import PlanError
-from backend.runtime.components.engines import Engine
+from backend.runtime.components.engines import Engine, compile_cache_env
 from backend.runtime.multinode.node_identity import core_share, resolves_to_loopback
 from backend.runtime.processes.process import IN_USE, bind_problem
 from config.commands import engine_command, plan_ports, server_port
@@ -85,6 +85,8 @@ def plan_engines(
         if engine.api_key:
             env["VLLM_API_KEY"] = engine.api_key
         env.update(mps_env or {})
+        if plan.device == "cuda" and plan.engine_count > 1:
+            env.update(compile_cache_env(i, os.environ))
         name, log = (f"engine {i}", run_dir / f"engine-{i}.log") if plan.routed else ("engine", log_path)
         if node_rank:
             name = f"node {node_rank} {name}"
