@@ -1,5 +1,5 @@
 """Imports run one way: the planner's rules never import the planner, the runtime never imports the
-measuring code, and no project modules import each other in a ring. Read from the source (every
+measuring code, and no project modules import each other in a ring. Modules and folders stay small. Read from the source (every
 import statement, also those inside functions or under ``TYPE_CHECKING``), not by importing it."""
 
 from __future__ import annotations
@@ -121,3 +121,27 @@ def test_no_import_cycles() -> None:
 def test_cycle_check_finds_a_ring() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert not cycles({"a": {"b"}, "b": {"c"}, "c": set()})
+
+
+MAX_LINES = 450
+MAX_MODULES = 12
+COMMAND_TABLE = ROOT / "backend" / "cli"
+"""One module per command: the folder the size limit leaves aside."""
+
+
+def test_no_module_over_450_lines() -> None:
+    """A module that long holds more than one concern."""
+    long = {
+        str(p.relative_to(ROOT)): n for p in modules().values() if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long
+
+
+def test_no_folder_over_12_modules() -> None:
+    """A folder that full holds more than one concern: its parts get subpackages of their own."""
+    folders: dict[Path, int] = {}
+    for path in modules().values():
+        if path.name != "__init__.py" and path.parent != ROOT:
+            folders[path.parent] = folders.get(path.parent, 0) + 1
+    full = {str(d.relative_to(ROOT)): n for d, n in folders.items() if n > MAX_MODULES and d != COMMAND_TABLE}
+    assert not full
