@@ -1,10 +1,14 @@
-"""One real browser (Debian's chromium, driven by Playwright): type, watch the reply stream in,
-see its latency footer. Saves the page to the test's tmp dir, and to ``docs/screenshot.png`` when
+"""One real browser (Debian's chromium, driven by Playwright) walks what a person does: types,
+watches replies stream in with their latency footers, runs ``/latency`` from the message box,
+downloads its CSV, and after a restart of the page reopens the chat from the history sidebar and
+goes on. Saves the page to the test's tmp dir, and to ``docs/screenshot.png`` when
 ``UPDATE_SCREENSHOT=1`` (so a test run leaves the tracked tree alone)."""
 
 from __future__ import annotations
 
+import csv
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,10 +18,12 @@ from support.app_client import FOOTER
 from support.page import start_page
 from support.services import ROOT
 
+from backend.page.latency import COLUMNS
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from playwright.sync_api import Browser, Playwright, WebSocketRoute
+    from playwright.sync_api import Browser, Page, Playwright, WebSocketRoute
     from support.services import Engine
 
     from backend.runtime.up import ChatPage
@@ -34,6 +40,10 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+REPLY_TOKENS = 32
+"""Every reply's length: the page's max_tokens, reached by greedy decoding of these prompts."""
+PROMPT = re.compile(r"\((\d+) of (\d+) prompt tokens cached\)")
+"""The footer's prompt tokens (cached of all)."""
 
 
 needs_chromium = pytest.mark.skipif(
@@ -48,16 +58,65 @@ def launch(pw: Playwright) -> Browser:
 @pytest.fixture
 def greedy_page(engine: Engine, tmp_path: Path) -> Iterator[ChatPage]:
     """The page's defaults made greedy: the demo model's sampled reply to this prompt sometimes ends
-    after one token (a fresh-clone run showed "1 tokens"), and a streamed reply needs a length."""
-    page = start_page(engine.run_dir, tmp_path / "chainlit.log", ERNIECHAT_APP__TEMPERATURE="0")
+    after one token (a fresh-clone run showed "1 tokens"), and a streamed reply needs a length.
+    Its chats are kept in the test's own SQLite file, so its history sidebar lists this test's only."""
+    page = start_page(
+        engine.run_dir,
+        tmp_path / "chainlit.log",
+        ERNIECHAT_APP__TEMPERATURE="0",
+        ERNIECHAT_APP__MAX_TOKENS=str(REPLY_TOKENS),
+        ERNIECHAT_APP__DATABASE_URL=f"sqlite:///{tmp_path / 'chats.db'}",
+    )
     yield page
     page.stop()
 
 
+def streamed(frames: list[str]) -> None:
+    """The reply's first text reached the browser as a stream event before the message with its
+    footer. (The order, not a count of events: how many a reply takes depends on how fast the
+    engine is against the page's 30 ms joining.)"""
+    started = next((i for i, f in enumerate(frames) if "stream_start" in f), None)
+    finished = next((i for i, f in enumerate(frames) if "update_message" in f and "tok/s" in f), None)
+    events = [name for f in frames for name in ("stream_start", "stream_token", "update_message") if name in f]
+    assert started is not None and finished is not None and started < finished, (
+        f"the browser got the reply in one piece, not streamed (events: {events})"
+    )
+
+
+def send_and_wait(page: Page, text: str, replies: int) -> None:
+    """Type ``text``, send it, and wait until the chat shows ``replies`` footers of a whole reply
+    and the task has ended."""
+    from playwright.sync_api import expect
+
+    box = page.locator("#chat-input")
+    box.fill(text)
+    box.press("Enter")
+    sent = page.locator('[data-step-type="user_message"]').get_by_text(text, exact=True)
+    expect(sent).to_be_visible(timeout=60_000)
+    footers = page.get_by_text(FOOTER).filter(has_text=f"· {REPLY_TOKENS} tokens ·")
+    expect(footers).to_have_count(replies, timeout=120_000)
+    expect(page.locator("#chat-submit")).to_be_visible(timeout=30_000)  # the task has ended
+
+
+def footers_of(page: Page) -> list[re.Match[str]]:
+    """The chat's footers, in order, as the browser shows them."""
+    texts = page.get_by_text(FOOTER).all_inner_texts()
+    found = [FOOTER.search(t) for t in texts]
+    assert all(found), texts
+    return [m for m in found if m]
+
+
 @needs_chromium
-def test_browser_types_and_sees_streamed_reply_with_footer(greedy_page: ChatPage, tmp_path: Path) -> None:
+def test_browser_chats_reads_latency_downloads_its_csv_and_reopens_the_chat_after_a_restart(
+    greedy_page: ChatPage, tmp_path: Path
+) -> None:
     from playwright.sync_api import expect, sync_playwright
 
+    first, second, later = (
+        "Hello! What can you tell me about rivers?",
+        "And what about lakes?",
+        "Tell me about mountains.",
+    )
     frames: list[str] = []
     with sync_playwright() as pw:
         browser = launch(pw)
@@ -65,32 +124,72 @@ def test_browser_types_and_sees_streamed_reply_with_footer(greedy_page: ChatPage
             page = browser.new_page(viewport={"width": 1280, "height": 860})
             page.on("websocket", lambda ws: ws.on("framereceived", lambda f: frames.append(str(f))))
             page.goto(greedy_page.url)
-            box = page.locator("#chat-input")
-            box.wait_for(timeout=60_000)
+            page.locator("#chat-input").wait_for(timeout=60_000)
             expect(page.get_by_text("Demo model: random weights.")).to_be_visible(timeout=30_000)
-            box.fill("Hello! What can you tell me about rivers?")
-            box.press("Enter")
-            expect(page.get_by_text("Hello! What can you tell me about rivers?")).to_be_visible(timeout=60_000)
-            footer = page.get_by_text(FOOTER).filter(has_text="· 32 tokens ·")  # the page's max_tokens here
-            expect(footer).to_be_visible(timeout=120_000)
-            expect(page.locator("#chat-submit")).to_be_visible(timeout=30_000)  # the task has ended
+
+            # 1. two messages, each answered with a streamed reply of REPLY_TOKENS tokens
+            send_and_wait(page, first, 1)
+            streamed(frames)
             # Chainlit scrolls a sent message to the top; scroll back so the banner shows too
             page.mouse.move(640, 300)
             page.mouse.wheel(0, -5000)
             page.wait_for_timeout(500)
             shot = tmp_path / "screenshot.png"
             page.screenshot(path=str(shot))
+            send_and_wait(page, second, 2)
+            footers = footers_of(page)
+            chat_url = page.url
+            assert "/thread/" in chat_url, f"the chat has no address of its own: {chat_url}"
+
+            # 2. /latency picked from the message box's command menu: the panel with a row per reply
+            page.locator("#chat-input").fill("/lat")
+            page.get_by_role("option").filter(has_text="This chat's latency").click()
+            page.locator("#chat-input").press("Enter")
+            panel = page.locator('[data-step-type="assistant_message"]').filter(has_text="Latency, this chat:")
+            expect(panel).to_contain_text("2 replies", timeout=60_000)
+            summary, table = panel.locator("table").nth(0), panel.locator("table").nth(1)
+            expect(summary.locator("thead th")).to_have_text(["figure", "count", "min", "p50", "p90", "p99", "max"])
+            expect(summary.locator("tbody tr").first).to_contain_text("TTFT (ms)")
+            expect(table.locator("tbody tr")).to_have_count(2)
+            expect(panel.locator("img[alt='latency.png']")).to_be_visible()
+
+            # 3. the CSV through the browser's download: a header and one row per reply, the footers' TTFT
+            with page.expect_download(timeout=60_000) as download:
+                panel.locator("a[download$='.csv']").click()
+            saved = tmp_path / download.value.suggested_filename
+            download.value.save_as(saved)
+            with saved.open(newline="") as f:
+                reader = csv.DictReader(f)
+                rows = list(reader)
+            assert tuple(reader.fieldnames or ()) == COLUMNS, reader.fieldnames
+            assert [(r["reply"], r["output_tokens"]) for r in rows] == [
+                ("1", str(REPLY_TOKENS)),
+                ("2", str(REPLY_TOKENS)),
+            ]
+            # the CSV keeps 0.1 ms, the footer whole ms, both from one measurement: at most 0.55 ms apart
+            gaps = [abs(float(r["ttft_ms"]) - int(m.group(1))) for r, m in zip(rows, footers, strict=True)]
+            assert max(gaps) <= 0.55, f"the CSV's TTFT is not the footers': {gaps}"
+
+            # 4. the page's process restarted; the browser loads the page afresh and reopens the chat
+            greedy_page.restart()
+            why = greedy_page.wait_serving()
+            assert why is None, why
+            page.goto(greedy_page.url)
+            page.locator("#thread-history").get_by_text(first, exact=True).click(timeout=60_000)
+            expect(page).to_have_url(chat_url, timeout=30_000)
+            for text in (first, second):
+                sent = page.locator('[data-step-type="user_message"]').get_by_text(text, exact=True)
+                expect(sent).to_be_visible(timeout=60_000)
+            reopened = footers_of(page)
+            assert [m.group(0) for m in reopened] == [m.group(0) for m in footers], "the footers came back as shown"
+            frames.clear()
+            send_and_wait(page, later, 3)
+            streamed(frames)
+            # the earlier turns went into the prompt again: the model's history was rebuilt from the store
+            prompts = [int(m.group(2)) for m in PROMPT.finditer(" ".join(page.get_by_text(FOOTER).all_inner_texts()))]
+            assert len(prompts) == 3 and prompts[2] > prompts[1] > prompts[0], prompts
         finally:
             browser.close()
-    # Streamed: the reply's first text reached the browser as a stream event before the message
-    # with its footer. (The order, not a count of events: how many a 32-token reply takes depends
-    # on how fast the engine is against the page's 30 ms joining.)
-    started = next((i for i, f in enumerate(frames) if "stream_start" in f), None)
-    finished = next((i for i, f in enumerate(frames) if "update_message" in f and "tok/s" in f), None)
-    events = [name for f in frames for name in ("stream_start", "stream_token", "update_message") if name in f]
-    assert started is not None and finished is not None and started < finished, (
-        f"the browser got the reply in one piece, not streamed (events: {events})"
-    )
     if os.environ.get("UPDATE_SCREENSHOT") == "1":
         shutil.copyfile(shot, ROOT / "docs" / "screenshot.png")
 
