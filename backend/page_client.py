@@ -8,6 +8,8 @@ chatProfile}`` (a login cookie, when the page has login, goes in the ``Cookie`` 
 (the empty reply, ``metadata.in_reply_to`` = our message id), ``stream_start`` (carrying the
 first token), ``stream_token`` for the rest, then ``update_message`` with the footer; the
 ``on_message`` run step's ``update_message`` (``parentId`` = our id) and ``task_end`` close it.
+A past chat is reopened with its id as the auth's ``threadId``: the page answers ``resume_thread``.
+``stop`` is the Stop button; a ``command`` in the message step is the message box's command menu.
 
 Times are taken as ``backend.engine_api`` takes them: from sending to the first token the page
 shows. python-socketio is imported here only; bench imports this module only for ``--page``.
@@ -24,13 +26,28 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from backend.engine_api import ChatResult
 from backend.errors import PageError
 
 SOCKET_PATH = "/ws/socket.io"
+EVENTS = (
+    "new_message",
+    "update_message",
+    "stream_start",
+    "stream_token",
+    "delete_message",
+    "action",
+    "remove_action",
+    "task_start",
+    "task_end",
+    "chat_settings",
+    "element",
+    "resume_thread",
+)
+"""What the page sends a tab (Chainlit's ``emitter.py``)."""
 NO_VISIBLE_REPLY = "the page answered without a reply"
 """How a reply with no visible text starts its error: no first token to time (random weights give some)."""
 
@@ -56,9 +73,16 @@ def session_from(source: str | None, limit: int = 100) -> Any:
     )
 
 
-def browser_auth(session_id: str) -> dict[str, str]:
-    """The auth object Chainlit's react client sends (chainlit/socket.py ``connect`` reads it)."""
-    return {"clientType": "webapp", "sessionId": session_id, "threadId": "", "userEnv": "{}", "chatProfile": ""}
+def browser_auth(session_id: str, thread_id: str = "") -> dict[str, str]:
+    """The auth object Chainlit's react client sends (chainlit/socket.py ``connect`` reads it);
+    ``thread_id``: the past chat to reopen ("" for a new one)."""
+    return {
+        "clientType": "webapp",
+        "sessionId": session_id,
+        "threadId": thread_id,
+        "userEnv": "{}",
+        "chatProfile": "",
+    }
 
 
 def user_message(text: str) -> dict[str, str]:
@@ -95,39 +119,59 @@ class _Ask:
     done: bool = False
 
 
+Watcher = Callable[[str, Any], None]
+"""Told each event the page sends a tab: its name and data."""
+T = TypeVar("T")
+
+
 class PageSession:
     """One browser tab: its own session id; one message at a time, like a person."""
 
     def __init__(
-        self, url: str, *, cookie: str | None = None, http_session: Any = None, source: str | None = None
+        self,
+        url: str,
+        *,
+        cookie: str | None = None,
+        http_session: Any = None,
+        source: str | None = None,
+        session_id: str | None = None,
+        thread_id: str = "",
+        watch: Watcher | None = None,
     ) -> None:
         """``http_session``: an ``aiohttp.ClientSession`` to share with other tabs (one per tab when
         None); many tabs in one process each with its own session cost the client most of its CPU.
         ``source``: the client address to connect from (:func:`loopback_sources`), without a shared
-        session."""
+        session. ``session_id`` of an earlier tab: this one reconnects to that session, as a browser
+        does. ``thread_id``: a past chat to reopen (the sidebar's link). ``watch``: told every event
+        after this tab has read it."""
         try:
             import socketio
         except ImportError:
             raise PageError("python-socketio is not installed: pip install python-socketio") from None
         self.url = url.rstrip("/")
         self.cookie = cookie
-        self.session_id = str(uuid.uuid4())
+        self.session_id = session_id or str(uuid.uuid4())
+        self.thread_id = thread_id
         extra: dict[str, Any] = {"http_session": http_session} if http_session is not None else {}
         if source is not None and http_session is None:
             extra["http_session"] = functools.partial(session_from, source)  # engineio makes and closes it
         self.sio = socketio.AsyncClient(reconnection=False, **extra)
         self.chat_started = False
+        self.chat_resumed = False
         self.shown_ttft_ms: tuple[int, int] | None = None
         """The last reply's footer: (the page's TTFT, the engine's share) in ms; None without one."""
         self._ask: _Ask | None = None
+        self._watch = watch
         self._changed = asyncio.Event()
-        for name in ("new_message", "update_message", "stream_start", "stream_token", "task_start", "task_end"):
+        for name in EVENTS:
             self.sio.on(name, self._handler(name))
 
     # -- events ----------------------------------------------------------------------------
     def _handler(self, name: str) -> Callable[[Any], Any]:
         async def handle(data: Any = None) -> None:
             self._on(name, data if isinstance(data, dict) else {})
+            if self._watch is not None:
+                self._watch(name, data)
             self._changed.set()
 
         return handle
@@ -136,6 +180,7 @@ class PageSession:
         now = time.perf_counter()
         if name == "update_message" and data.get("type") == "run" and data.get("name") == "on_chat_start":
             self.chat_started = True
+        self.chat_resumed |= name == "resume_thread"
         ask = self._ask
         if ask is None or ask.done:
             return
@@ -180,19 +225,24 @@ class PageSession:
             res.error = f"the page reported an error: {ask.reply_output.split('⚠️', 1)[1].strip()[:200]}"
         ask.done = True
 
-    async def _wait(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    async def wait_for(self, predicate: Callable[[], T], timeout: float, what: str = "show it") -> T:
+        """Until ``predicate()`` is truthy (checked after each event), then its value; PageError
+        saying that the page did not ``what`` after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        while not predicate():
+        while not (value := predicate()):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise PageError(f"the page at {self.url} did not {what} within {timeout:.0f} s")
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
+        return value
 
     # -- what a person does ----------------------------------------------------------------
-    async def connect(self, timeout: float = 60.0) -> PageSession:
-        """Open the tab; returns once ``on_chat_start`` has run (or raises PageError)."""
+    async def connect(self, timeout: float = 60.0, wait_start: bool = True) -> PageSession:
+        """Open the tab (or raise PageError); with ``wait_start``, return once ``on_chat_start`` has
+        run (a past chat: once the page has sent it back). Without: once the socket is open (a tab
+        back to its session, for which the page starts nothing)."""
         import socketio
 
         try:
@@ -201,7 +251,7 @@ class PageSession:
                 socketio_path=SOCKET_PATH,
                 transports=["websocket"],
                 headers={"Cookie": self.cookie} if self.cookie else {},
-                auth=browser_auth(self.session_id),
+                auth=browser_auth(self.session_id, self.thread_id),
                 wait_timeout=timeout,
             )
         except (socketio.exceptions.ConnectionError, OSError) as err:
@@ -209,7 +259,10 @@ class PageSession:
             raise PageError(f"cannot open the chat page's socket at {self.url}{SOCKET_PATH}: {err}") from None
         try:
             await self.sio.emit("connection_successful")
-            await self._wait(lambda: self.chat_started, timeout, "start the chat (on_chat_start)")
+            if wait_start and self.thread_id:
+                await self.wait_for(lambda: self.chat_resumed, timeout, "reopen the chat (resume_thread)")
+            elif wait_start:
+                await self.wait_for(lambda: self.chat_started, timeout, "start the chat (on_chat_start)")
         except BaseException:
             await self.close()
             raise
@@ -219,19 +272,29 @@ class PageSession:
         """The chat settings panel's Confirm (e.g. ``max_tokens``, ``temperature``)."""
         await self.sio.emit("chat_settings_change", values)
 
+    async def send(self, step: dict[str, str]) -> str:
+        """Send a message step (:func:`user_message`); its id, which the reply's
+        ``metadata.in_reply_to`` names."""
+        await self.sio.emit("client_message", {"message": step, "fileReferences": []})
+        return step["id"]
+
+    async def stop(self) -> None:
+        """The Stop button: the page stops the handler that runs (a reply streaming)."""
+        await self.sio.emit("stop")
+
     async def ask(self, text: str, timeout: float = 300.0) -> ChatResult:
         """Send a message and wait for the whole reply; its timings as a ChatResult."""
         step = user_message(text)
         ask = _Ask(message_id=step["id"], t0=time.perf_counter())
         self._ask = ask
         try:
-            await self.sio.emit("client_message", {"message": step, "fileReferences": []})
-            await self._wait(lambda: ask.done, timeout, "finish its reply")
+            await self.send(step)
+            await self.wait_for(lambda: ask.done, timeout, "finish its reply")
         except PageError as err:
             ask.result.error = str(err)
             ask.result.total_s = time.perf_counter() - ask.t0
             if self.sio.connected:
-                await self.sio.emit("stop")  # the Stop button: the page stops streaming this reply
+                await self.stop()
         finally:
             self._ask = None
         shown = FOOTER_TTFT.search(ask.reply_output)

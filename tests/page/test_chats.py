@@ -20,7 +20,6 @@ from typing import Any
 
 import httpx
 import pytest
-import socketio
 from chainlit.context import init_http_context
 from chainlit.types import Feedback
 from chainlit.user import User
@@ -31,6 +30,7 @@ from support.postgres import Postgres
 from support.services import Engine
 from support.waiting import until_async
 
+from backend.errors import PageError
 from backend.page.chats.database import DEFAULT_FILE, async_url, sqlite_file
 from backend.page.chats.identity import LOCAL_USER, REQUEST_USER, local_user_applies
 from backend.page.chats.opening import open_chats, run_now
@@ -388,7 +388,7 @@ def test_behind_the_login_each_user_sees_only_their_chats_on_postgres_also_after
                 assert r.status_code == 401 and first not in r.text, (path, r.status_code, r.text)
             r = await _http(page, "PUT", "/project/thread", bob, json={"threadId": tid, "name": "mine now"})
             assert r.status_code == 401
-            with pytest.raises(socketio.exceptions.ConnectionError):
+            with pytest.raises(PageError, match="cannot open the chat page's socket"):
                 await ChatClient(page.url, thread_id=tid, cookie=bob).connect(timeout=60)
             return tid
 

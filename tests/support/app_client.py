@@ -1,30 +1,20 @@
-"""A socket.io client that talks to a running Chainlit page the way the browser does.
-
-Chainlit's react-client connects to ``/ws/socket.io`` with the auth object
-``{clientType, sessionId, threadId, userEnv, chatProfile}`` (see the installed
-``chainlit/socket.py``: ``connect`` reads exactly these), emits ``connection_successful``
-(which starts ``on_chat_start``), then one ``client_message`` ``{message: step,
-fileReferences: []}`` per message. The server answers with ``new_message`` /
-``stream_start`` / ``stream_token`` / ``update_message`` / ``action`` and brackets each
-handler run with ``task_start`` / ``task_end``. ``stop`` cancels the running handler; an
-action button is an HTTP ``POST /project/action``.
+"""The product's page client (``backend.page_client.PageSession``) with what tests look at: every
+step the tab was shown, the actions and files it holds, and the clicks and commands a person
+makes. The page answers with ``new_message`` / ``stream_start`` / ``stream_token`` /
+``update_message`` / ``action`` and brackets each handler run with ``task_start`` / ``task_end``;
+an action button is an HTTP ``POST /project/action``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
 import re
-import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import httpx
-import socketio
 
-from backend.page_client import SOCKET_PATH, browser_auth, session_from, user_message
+from backend.errors import PageError
+from backend.page_client import PageSession, user_message
 
 FOOTER = re.compile(r"TTFT (\d+) ms \(engine (\d+) ms\) · (\d+) tokens · ([\d.]+) tok/s")
 """The page's latency footer under a reply."""
@@ -36,22 +26,6 @@ def footer_of(reply: dict[str, Any]) -> tuple[int, int, float]:
     assert m, f"no latency footer in {reply['output'][-200:]!r}"
     assert int(m.group(2)) <= int(m.group(1)), "the engine's share cannot exceed what the user waited"
     return int(m.group(1)), int(m.group(3)), float(m.group(4))
-
-
-EVENTS = (
-    "new_message",
-    "update_message",
-    "stream_start",
-    "stream_token",
-    "delete_message",
-    "action",
-    "remove_action",
-    "task_start",
-    "task_end",
-    "chat_settings",
-    "element",
-    "resume_thread",
-)
 
 
 class ChatClient:
@@ -68,12 +42,10 @@ class ChatClient:
         """``session_id`` of an earlier tab: this one reconnects to that session, as a browser does.
         ``source``: the client address this tab's socket and clicks come from (default: any).
         ``thread_id``: a past chat to reopen (the sidebar's link); ``cookie``: a login's ``Cookie`` header."""
-        self.url = url.rstrip("/")
-        self.thread_id, self.cookie = thread_id, cookie
-        self.session_id = session_id or str(uuid.uuid4())
-        self.source = source
-        http = {"http_session": functools.partial(session_from, source)} if source else {}
-        self.sio = socketio.AsyncClient(reconnection=False, **http)
+        self.tab = PageSession(
+            url, cookie=cookie, source=source, session_id=session_id, thread_id=thread_id, watch=self._record
+        )
+        self.url, self.session_id, self.source, self.sio = self.tab.url, self.tab.session_id, source, self.tab.sio
         self.steps: dict[str, dict[str, Any]] = {}
         """Messages by id, as the page would show them (stream tokens applied)."""
         self.order: list[str] = []
@@ -86,53 +58,35 @@ class ChatClient:
         self.task_ends = 0
         self.finished: set[str] = set()
         """Handler runs that have ended: ``on_chat_start``, and the ids of messages ``on_message`` answered."""
-        self._changed = asyncio.Event()
-        for name in EVENTS:
-            self.sio.on(name, self._handler(name))
 
-    def _handler(self, name: str) -> Callable[[Any], Any]:
-        async def handle(data: Any = None) -> None:
-            self.events.append((name, data))
-            if name == "update_message" and data.get("type") == "run":
-                self.finished.add(data.get("parentId") or data.get("name", ""))
-            if name in ("new_message", "update_message", "stream_start"):
-                if data["id"] not in self.steps:
-                    self.order.append(data["id"])
-                self.steps[data["id"]] = dict(data)
-            elif name == "stream_token":
-                step = self.steps.setdefault(data["id"], {"id": data["id"], "output": ""})
-                step["output"] = data["token"] if data.get("isSequence") else step.get("output", "") + data["token"]
-                self.tokens[data["id"]] = self.tokens.get(data["id"], 0) + 1
-            elif name == "delete_message":
-                self.steps.pop(data["id"], None)
-            elif name == "action":
-                self.actions.append(data)
-            elif name == "element":
-                self.elements.append(data)
-            elif name == "remove_action":
-                self.actions = [a for a in self.actions if a["id"] != data["id"]]
-            elif name == "task_end":
-                self.task_ends += 1
-            self._changed.set()
-
-        return handle
+    def _record(self, name: str, data: Any) -> None:
+        self.events.append((name, data))
+        if name == "update_message" and data.get("type") == "run":
+            self.finished.add(data.get("parentId") or data.get("name", ""))
+        if name in ("new_message", "update_message", "stream_start"):
+            if data["id"] not in self.steps:
+                self.order.append(data["id"])
+            self.steps[data["id"]] = dict(data)
+        elif name == "stream_token":
+            step = self.steps.setdefault(data["id"], {"id": data["id"], "output": ""})
+            step["output"] = data["token"] if data.get("isSequence") else step.get("output", "") + data["token"]
+            self.tokens[data["id"]] = self.tokens.get(data["id"], 0) + 1
+        elif name == "delete_message":
+            self.steps.pop(data["id"], None)
+        elif name == "action":
+            self.actions.append(data)
+        elif name == "element":
+            self.elements.append(data)
+        elif name == "remove_action":
+            self.actions = [a for a in self.actions if a["id"] != data["id"]]
+        elif name == "task_end":
+            self.task_ends += 1
 
     # -- connection ------------------------------------------------------------------------
     async def connect(self, timeout: float = 120, wait_start: bool = True) -> ChatClient:
-        """Open the tab; with ``wait_start``, return once ``on_chat_start`` has finished."""
-        await self.sio.connect(
-            self.url,
-            socketio_path=SOCKET_PATH,
-            transports=["websocket"],
-            auth={**browser_auth(self.session_id), "threadId": self.thread_id},
-            headers={"Cookie": self.cookie} if self.cookie else {},
-            wait_timeout=timeout,
-        )
-        await self.sio.emit("connection_successful")
-        if wait_start and self.thread_id:  # a past chat: open once the page has sent it back
-            await self.wait_for(lambda: self.seen("resume_thread"), timeout)
-        elif wait_start:
-            await self.wait_for(lambda: "on_chat_start" in self.finished, timeout)
+        """Open the tab; with ``wait_start``, return once ``on_chat_start`` has finished (a past
+        chat: once the page has sent it back)."""
+        await self.tab.connect(timeout, wait_start)
         return self
 
     def seen(self, event: str) -> list[Any]:
@@ -140,7 +94,7 @@ class ChatClient:
         return [data for name, data in self.events if name == event]
 
     async def close(self) -> None:
-        await self.sio.disconnect()
+        await self.tab.close()
 
     async def __aenter__(self) -> ChatClient:
         return await self.connect()
@@ -149,18 +103,12 @@ class ChatClient:
         await self.close()
 
     async def wait_for(self, predicate: Callable[[], Any], timeout: float) -> Any:
-        """Until ``predicate()`` is truthy (checked after each event); AssertionError after ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"timed out after {timeout} s; messages: {self.texts()}")
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), min(left, 0.5))
+        """Until ``predicate()`` is truthy (checked after each event), then its value; AssertionError,
+        with the replies shown, after ``timeout``."""
+        try:
+            return await self.tab.wait_for(predicate, timeout)
+        except PageError as err:
+            raise AssertionError(f"{err}; messages: {self.texts()}") from None
 
     # -- what the page shows ---------------------------------------------------------------
     def messages(self, type_: str = "assistant_message") -> list[dict[str, Any]]:
@@ -191,9 +139,7 @@ class ChatClient:
     # -- what a person does ----------------------------------------------------------------
     async def send(self, text: str) -> str:
         """Type and send a message; returns its id (the reply's ``metadata.in_reply_to``)."""
-        step = user_message(text)
-        await self.sio.emit("client_message", {"message": step, "fileReferences": []})
-        return step["id"]
+        return await self.tab.send(user_message(text))
 
     async def ask(self, text: str, timeout: float = 120) -> dict[str, Any]:
         """Send and wait until ``on_message`` has finished with it; the reply to this message."""
@@ -206,10 +152,9 @@ class ChatClient:
     async def command(self, name: str, text: str = "", timeout: float = 120) -> str:
         """Pick ``/name`` in the message box's command menu and send ``text`` with it; returns once
         the page has handled it, with the message's id."""
-        step = {**user_message(text), "command": name}
-        await self.sio.emit("client_message", {"message": step, "fileReferences": []})
-        await self.wait_for(lambda: step["id"] in self.finished, timeout)
-        return step["id"]
+        mid = await self.tab.send({**user_message(text), "command": name})
+        await self.wait_for(lambda: mid in self.finished, timeout)
+        return mid
 
     async def file(self, element: dict[str, Any]) -> bytes:
         """The content of a file the page attached, fetched as the browser's download link does."""
@@ -222,11 +167,11 @@ class ChatClient:
 
     async def stop(self) -> None:
         """The stop button."""
-        await self.sio.emit("stop")
+        await self.tab.stop()
 
     async def set_settings(self, **values: Any) -> None:
         """The chat settings panel's Confirm."""
-        await self.sio.emit("chat_settings_change", values)
+        await self.tab.set_settings(**values)
 
     async def post_action(self, action: dict[str, Any], timeout: float = 120) -> httpx.Response:
         """The HTTP request an action button sends, from this tab's address."""
