@@ -51,8 +51,9 @@ start_backend() {  # LOG READY_PATTERN ARGS...: `python -m backend ARGS` in the 
   grep -q "$ready" "$log"
 }
 
-wait_health() {  # URL: until /health answers (at most 15 minutes)
+wait_health() {  # URL: until /health answers (at most 15 minutes; not once the server last started has exited)
   for _ in $(seq 450); do
+    kill -0 "${STARTED[-1]}" 2>/dev/null || return 1
     .venv/bin/python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" "$1" \
       2>/dev/null && return 0
     sleep 2

@@ -247,6 +247,8 @@ PINNABLE = (
     "max_cudagraph_capture_size",
     "stream_interval",
     "page_processes",
+    "per_request_metrics",
+    "prompt_tokens_details",
 )
 
 _AFTER = PINNABLE.index("cpu_kv_cache_space_gib") + 1
@@ -326,6 +328,11 @@ def _cross_field_problems(plan: Plan) -> list[str]:
             )
         if plan.gpu_memory_utilization is None:
             out.append("device=cuda without gpu_memory_utilization: set it (the share of each GPU's memory, 0-1]")
+        if plan.per_request_metrics:
+            out.append(
+                "per_request_metrics=true on a GPU plan: the GPU engine's vLLM 0.24 has no "
+                "--enable-per-request-metrics; valid there: false"
+            )
         if plan.cpu_kv_cache_space_gib is not None:
             out.append(
                 "device=cuda with cpu_kv_cache_space_gib: that sizes the CPU engine's KV cache; on GPUs it is "

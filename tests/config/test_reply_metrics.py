@@ -12,7 +12,7 @@ import pytest
 from config.commands import engine_argv
 from config.hardware import list_profiles, load_profile
 from config.model import read_model
-from config.planner import make_plan
+from config.planner import PlanError, make_plan
 from config.settings import WorkloadSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,3 +47,15 @@ def test_no_gpu_plan_passes_a_flag_the_gpu_build_lacks() -> None:
         argv = engine_argv(plan, python="python3", model_path="/m", host="127.0.0.1", port=8001)
         assert "--enable-per-request-metrics" not in argv, profile
         assert plan.per_request_metrics is False and plan.prompt_tokens_details is True, profile
+
+
+def test_the_reply_metrics_flags_can_be_pinned_off_and_on_only_where_vllm_has_them() -> None:
+    """A load that cannot spare their cost turns them off; the GPU build refuses per-request metrics."""
+    model = read_model(MODEL)
+    plan = make_plan(load_profile("1xH200"), model, WorkloadSettings(), pins={"prompt_tokens_details": False})
+    argv = engine_argv(plan, python="python3", model_path="/m", host="127.0.0.1", port=8001)
+    assert "--enable-prompt-tokens-details" not in argv and "prompt_tokens_details" in plan.pinned
+    with pytest.raises(PlanError, match="per_request_metrics=true on a GPU plan"):
+        make_plan(load_profile("1xH200"), model, WorkloadSettings(), pins={"per_request_metrics": True})
+    cpu = make_plan(load_profile("cpu-only"), model, WorkloadSettings(), pins={"per_request_metrics": False})
+    assert "--enable-per-request-metrics" not in engine_argv(cpu, python="p", model_path="/m", host="h", port=1)
