@@ -99,6 +99,7 @@ if login_on:
     internals.use_password_login(login)
 
 store = open_chats(settings)  # the page chats unsaved, and says so, when the database fails
+internals.watch_message_tasks(store.hold)  # writes wait from a message's arrival, not from on_message
 use_identity(local_user_applies(settings, internals.bind_host(), login_on))
 panel.COMMANDS.append(EXPORT_COMMAND)
 
@@ -201,34 +202,49 @@ async def answer(text: str, reply_to: str, t0: float) -> None:
 
 
 async def answer_one(text: str, reply_to: str, t0: float) -> None:
-    """:func:`answer`'s work, once the chat is marked as answering."""
+    """:func:`answer`'s work, once the chat is marked as answering. The reply's message is made and
+    shown once the engine has the request (Chainlit's ``Message()`` alone blocks the event loop 1 ms)."""
     history: list[dict[str, str]] = cl.user_session.get("history")
     waiting = Progress("⏳ Your message waits until the engine is ready.")
-    reply = cl.Message(content="", metadata={"in_reply_to": reply_to})
+    reply: cl.Message | None = None
     result, sent = ChatResult(), False
     target: Target | None = None
+
+    def made() -> cl.Message:
+        nonlocal reply
+        reply = reply or cl.Message(content="", metadata={"in_reply_to": reply_to})
+        return reply
+
+    async def show_reply() -> None:  # the empty reply, while the engine works on the request
+        nonlocal sent
+        sent = bool(await made().send())
+
+    async def on_token(piece: str) -> None:
+        await made().stream_token(piece)
+
     try:
         target = await link.wait_ready(waiting.show)
         await waiting.close("✅ The engine is ready; answering.")
         sampling = sampling_from(cl.user_session.get("chat_settings") or {}, settings)
         fitted = await link.fit(target, history, text, sampling)
-        sent = bool(await reply.send())
         await stream_reply(
             link,
             target,
             fitted.messages,
             sampling,
-            reply.stream_token,
+            on_token,
             result,
             t0,
             cl.context.session.id,
             fitted.prompt_tokens,
+            on_accepted=show_reply,
         )
     except asyncio.CancelledError:  # Stop: the engine's stream is closed already; keep what was said
         await waiting.close("Stopped waiting for the engine.")
         if result.text:
-            remember(history, reply, text, result.text)
+            remember(history, made(), text, result.text)
         if sent:
+            reply = made()
             split = panel.keep_timing(reply, result, target, all_chats, engine_starts, stopped=True)
             reply.content = with_footer(result.text, footer(result, stopped=True, split=split))
             await reply.update()
@@ -239,13 +255,14 @@ async def answer_one(text: str, reply_to: str, t0: float) -> None:
         await waiting.close("The engine did not get ready for this message.")
         later = " (once the engine is back)" if isinstance(err, (EngineDown, EngineTimeout)) else ""
         why = str(err) + (await link.what_stopped() if isinstance(err, EngineDown) else "")
-        await show_failure(reply, sent, result, text, reply_to, why, err.retry, later)
+        await show_failure(made(), sent, result, text, reply_to, why, err.retry, later)
     except Exception as err:  # a defect of the page's own: said in the chat (else hidden), message kept
         traceback.print_exc()
         await waiting.close("This message failed.")
         why = f"The page failed on this message ({type(err).__name__}: {err}); its log has the details."
-        await show_failure(reply, sent, result, text, reply_to, why, retry=True, when="")
+        await show_failure(made(), sent, result, text, reply_to, why, retry=True, when="")
     else:
+        reply = made()
         remember(history, reply, text, result.text)
         note = ""
         if fitted.dropped_turns:

@@ -9,9 +9,11 @@
   ``session.socket_id`` changes when a tab reconnects, and ``session.to_clear`` is set when
   "New chat" clears the session (nothing will reconnect to it).
 - Socket events: ``sio.handlers["/"][event]`` is looked up on each event. Chainlit's
-  ``client_message`` reads ``payload["message"]["id"]`` (a UUID version 4), ``["output"]`` and
-  ``["createdAt"]``, and its ``chat_settings_change`` calls ``settings.items()``: anything else
-  failed with Python's own words (``'message'``) shown in the chat, or only in the log.
+  ``client_message`` starts the message's task (``session.current_task``) and returns; that task
+  creates the message's steps and asks the data layer for their writes before ``on_message``. It
+  reads ``payload["message"]["id"]`` (a UUID version 4), ``["output"]`` and ``["createdAt"]``, and
+  its ``chat_settings_change`` calls ``settings.items()``: anything else failed with Python's own
+  words (``'message'``) shown in the chat, or only in the log.
 - Login: ``/login`` awaits ``config.code.password_auth_callback(username, password)``; the
   decorator ``cl.password_auth_callback`` wraps it so that any exception becomes a failed login
   (401, its traceback in the log). The client's address comes from the request, through an ASGI
@@ -273,3 +275,21 @@ def guard_socket_events() -> None:
             await _say(sid, "Those chat settings could not be read (they are not named values); nothing was changed.")
 
     handlers["client_message"], handlers["chat_settings_change"] = client_message, chat_settings_change
+
+
+def watch_message_tasks(watch: Callable[[asyncio.Task[Any]], None]) -> None:
+    """Call ``watch`` with each chat message's task as Chainlit starts it, before its first step:
+    Chainlit's own work on a message (its steps and their writes, the chat's first name) comes
+    before ``on_message``."""
+    handlers = sio.handlers["/"]
+    chainlit_message = handlers["client_message"]
+
+    async def client_message(sid: str, *args: Any) -> None:
+        session = WebsocketSession.get(sid)
+        before = getattr(session, "current_task", None)
+        await chainlit_message(sid, *args)
+        task: asyncio.Task[Any] | None = getattr(session, "current_task", None)
+        if task is not None and task is not before and not task.done():  # a malformed message starts none
+            watch(task)
+
+    handlers["client_message"] = client_message

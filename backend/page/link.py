@@ -20,7 +20,7 @@ from backend.engine_api import chat_errors, count_tokens, engine_url, models
 from backend.errors import ChatError, EngineDown, EngineRefused, EngineTimeout
 from backend.page.history import Fitted, Message, TemplateCost, fit
 from backend.runtime.rundir import RunDir
-from backend.runtime.status import EngineStatus, WarmupRecord
+from backend.runtime.status import EngineStatus, StatusReader, WarmupRecord
 from config.sampling import Sampling
 from config.settings import Settings
 
@@ -102,12 +102,14 @@ class EngineLink:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.run_dir = RunDir(settings.engine.run_dir)
+        self._status = StatusReader(self.run_dir.path)
         self._clients: dict[str, httpx.AsyncClient] = {}
         self._facts: dict[tuple[str, str, float | None], EngineFacts] = {}
 
     # -- status ----------------------------------------------------------------------------
     def status(self) -> EngineStatus | None:
-        return self.run_dir.status()
+        """The run's status; the file is parsed again only once ``serve`` has changed it."""
+        return self._status.read()
 
     def locate(self, status: EngineStatus | None = None) -> Target:
         """The status file's engine, else ``engine.host:port`` serving ``model.served_name or id``."""

@@ -29,13 +29,16 @@ async def stream_reply(
     t0: float | None = None,
     session: str | None = None,
     prompt_tokens: int = 0,
+    on_accepted: Callable[[], Awaitable[None]] | None = None,
 ) -> ChatResult:
     """Stream one reply into ``on_token``. The first delta goes out at once, later ones joined
     at most every ``app.stream_interval_ms`` (the page keeps up with any engine; timing stays
     per delta). The response is always closed on the way out, also when the task is cancelled
     (Stop), so vLLM sees the disconnect and aborts the request. ``session``: the chat's id, so
     that the router keeps the conversation on the engine that holds its prefix. ``prompt_tokens``:
-    the request's size (or its bound), which a long prompt's first-token deadline grows with."""
+    the request's size (or its bound), which a long prompt's first-token deadline grows with.
+    ``on_accepted``: awaited once the engine has answered 200, before its first token, so that what
+    the page shows meanwhile (the empty reply) goes out during the prefill, not before the request."""
     http = link.client(target)
     timeouts = link.timeouts(target.status, prompt_tokens)
     res = result if result is not None else ChatResult()
@@ -77,6 +80,8 @@ async def stream_reply(
                         f"The engine refused the request: HTTP {response.status_code} {text[:300]}",
                         response.status_code,
                     )
+                if on_accepted is not None:
+                    await on_accepted()
                 chunks = stream_chunks(response)
                 while True:
                     try:

@@ -17,6 +17,8 @@ from backend.runtime.processes.groups import alive
 from backend.runtime.processes.leftovers import find_leftovers
 
 State = Literal["starting", "loading", "warming", "ready", "failed", "stopped"]
+LIVE_STATES = ("starting", "loading", "warming", "ready")
+"""States that claim ``serve`` is running: reported as failed once its process is gone."""
 STATUS_FILE = "status.json"
 WARMUP_FILE = "warmup.json"
 
@@ -126,7 +128,7 @@ def read_status(run_dir: Path) -> EngineStatus | None:
         where = ".".join(map(str, first["loc"]))
         why = f"unreadable status file {path}: {where + ': ' if where else ''}{first['msg']}"
         return EngineStatus(state="failed", detail=why, error=why)
-    if status.state in ("starting", "loading", "warming", "ready") and not alive(status.pid):
+    if status.state in LIVE_STATES and not alive(status.pid):
         status.state = "failed"
         engine = status.engine_pid
         still = ""
@@ -135,3 +137,29 @@ def read_status(run_dir: Path) -> EngineStatus | None:
         status.error = status.error or f"the serve process is gone (killed or crashed){still}"
         status.detail = status.error
     return status
+
+
+class StatusReader:
+    """One run dir's status for a reader that asks often (the chat page, on each message): the file
+    is read and parsed again only when ``serve`` has replaced it (:func:`write_status`), and a live
+    state is still checked against its ``serve`` process on every read."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._last: tuple[tuple[int, int, int], EngineStatus | None] | None = None
+
+    def read(self) -> EngineStatus | None:
+        """What :func:`read_status` says now (the same object while the file is unchanged)."""
+        try:
+            st = (self.run_dir / STATUS_FILE).stat()
+        except OSError:
+            self._last = None
+            return read_status(self.run_dir)
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if self._last is not None and self._last[0] == key:
+            status = self._last[1]
+            if status is None or status.state not in LIVE_STATES or alive(status.pid):
+                return status
+        status = read_status(self.run_dir)
+        self._last = (key, status)
+        return status

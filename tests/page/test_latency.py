@@ -11,7 +11,9 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import httpx
 from support.app_client import ChatClient, footer_of
+from support.waiting import until_async
 
 from backend.engine_api import ChatResult
 from backend.page.latency import COLUMNS, NOT_REPORTED, split_line, summary, timing_row
@@ -91,6 +93,36 @@ def test_every_footer_splits_the_first_token_and_latency_shows_percentiles_and_a
             chats = {r["chat"] for r in await csv_rows(other, panel)}
             assert len(chats) >= 2, f"/latency all shows one chat only: {chats}"
             assert (await other.ask(f"Still here? [{uuid.uuid4().hex[:8]}]"))["output"], "the chat goes on"
+
+    asyncio.run(run())
+
+
+def test_a_new_chat_is_written_to_the_database_after_its_reply_not_on_the_way_to_its_first_token(
+    chainlit_app: ChatPage,
+) -> None:
+    """Chainlit asks for a first message's writes (the message, the chat's name) before ``on_message``
+    runs: they wait until the reply is done, so none shares the page's event loop with the way to the
+    first token. The empty reply is still shown before that token."""
+    first = f"Name this chat {uuid.uuid4().hex[:8]}"
+
+    async def listed() -> bool:
+        async with httpx.AsyncClient(timeout=60) as http:
+            r = await http.post(
+                f"{chainlit_app.url}/project/threads", json={"pagination": {"first": 100}, "filter": {}}
+            )
+        r.raise_for_status()
+        return any(thread["name"] == first for thread in r.json()["data"])
+
+    async def run() -> None:
+        async with ChatClient(chainlit_app.url) as tab:
+            await tab.set_settings(max_tokens=400)
+            mid = await tab.send(first)
+            reply = await tab.wait_for(lambda: (r := tab.reply_to(mid)) is not None and r.get("output") and r, 120)
+            assert not await listed(), "the chat was written while its reply was on its way"
+            assert mid not in tab.finished, "the 400-token reply ended before the database was read"
+            assert tab.history_of(reply["id"])[0] == "", "the first token came before the empty reply"
+            await tab.wait_for(lambda: mid in tab.finished, 300)
+        assert await until_async("the chat listed once its reply is done", listed, bool, timeout=60)
 
     asyncio.run(run())
 

@@ -39,7 +39,7 @@ from backend.runtime.processes.groups import group_processes, start_time
 from backend.runtime.processes.process import IN_USE, ChildGroup, bind_problem
 from backend.runtime.rundir import RunDir
 from backend.runtime.serve import Server
-from backend.runtime.status import read_status
+from backend.runtime.status import EngineStatus, StatusReader, read_status, write_status
 from config.hardware import load_profile
 from config.model import read_model
 from config.planner import make_plan
@@ -623,6 +623,29 @@ def test_an_unreadable_status_file_says_why(tmp_path: Path, content: str, why: s
     status = read_status(run_dir)
     assert status is not None and status.state == "failed"
     assert status.error is not None and status.error.startswith(f"unreadable status file {run_dir}/status.json: {why}")
+
+
+def test_the_page_parses_the_status_again_only_once_serve_has_replaced_it(tmp_path: Path) -> None:
+    """The chat page reads the status on each message: an unchanged file is not parsed again, a
+    replaced one is, and a ready status whose ``serve`` has died since reads as failed at once."""
+    run_dir = tmp_path / "run"
+    write_status(run_dir, EngineStatus(state="ready", pid=os.getpid(), detail="first"))
+    reader = StatusReader(run_dir)
+    first = reader.read()
+    assert first is not None and first.detail == "first"
+    assert reader.read() is first, "an unchanged status file was parsed again"
+    write_status(run_dir, EngineStatus(state="ready", pid=os.getpid(), detail="again"))
+    again = reader.read()
+    assert again is not None and again.detail == "again"
+    serve = subprocess.Popen(["sleep", "60"])
+    try:
+        write_status(run_dir, EngineStatus(state="ready", pid=serve.pid))
+        assert (reader.read() or EngineStatus()).state == "ready"
+    finally:
+        serve.kill()
+        serve.wait()
+    gone = reader.read()
+    assert gone is not None and gone.state == "failed" and "serve process is gone" in (gone.error or "")
 
 
 @pytest.mark.destructive(order=0)

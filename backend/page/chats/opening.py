@@ -38,6 +38,11 @@ class Chats:
             with self.layer.writer.reply():
                 yield
 
+    def hold(self, task: asyncio.Task[Any]) -> None:
+        """The database writes wait until ``task`` (a chat message's handler) is done."""
+        if self.layer is not None:
+            self.layer.writer.hold(task)
+
     async def flush(self) -> None:
         if self.layer is not None:
             await self.layer.writer.flush()

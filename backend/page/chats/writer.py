@@ -1,6 +1,7 @@
 """Writes leave the reply's path: each write is queued and done by one task per page process, in
-order, after the replies in flight end (at most :data:`HOLD_S` later), so nothing on the way to a
-first token waits for the database.
+order, after the replies in flight end (each in flight from its message's arrival; at most
+:data:`HOLD_S` later), so nothing on the way to a first token waits for the database or shares the
+event loop with it.
 
 Chainlit's data layer swallows every database error; here a write that fails is said once in its
 chat, and later writes go on being tried (the database may come back).
@@ -17,6 +18,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any
 
 import chainlit as cl
 from chainlit.context import context as chainlit_context
@@ -86,15 +88,29 @@ class Writer:
     @contextlib.contextmanager
     def reply(self) -> Iterator[None]:
         """Writes wait while this reply is in flight."""
-        _, quiet, _ = self._events()
-        self.replies += 1
-        quiet.clear()
+        self._begin()
         try:
             yield
         finally:
-            self.replies -= 1
-            if self.replies == 0:
-                quiet.set()
+            self._end()
+
+    def hold(self, task: asyncio.Task[Any]) -> None:
+        """Writes wait until ``task`` is done: a chat message's handler, from its arrival, so that the
+        writes Chainlit asks for before ``on_message`` runs (the message, the chat's first name) do
+        not start on the way to its first token."""
+        self._begin()
+        task.add_done_callback(lambda _: self._end())
+
+    def _begin(self) -> None:
+        _, quiet, _ = self._events()
+        self.replies += 1
+        quiet.clear()
+
+    def _end(self) -> None:
+        _, quiet, _ = self._events()
+        self.replies -= 1
+        if self.replies == 0:
+            quiet.set()
 
     async def flush(self, timeout: float = 60.0) -> bool:
         """Wait until every write asked for so far is done (or failed); False on timeout."""
