@@ -14,17 +14,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-import httpx
-
-from backend.errors import EngineStartError, WarmupError
 from backend.runtime.components.engines import Engine
 from backend.runtime.components.logwatch import Phase
 from backend.runtime.components.router import Router, WorkerHealth
 from backend.runtime.display import Display
-from backend.runtime.revive import RestartBudget
+from backend.runtime.revive import RestartBudget, Revival, bring_back
 from backend.runtime.status import EngineReport, EngineState, EngineStatus, WarmupRecord
 from config.pipeline import Planned
 from config.plan import Plan
@@ -59,27 +55,6 @@ class Kept(Protocol):
     def warm(
         self, engine: Engine, plan: Plan, progress: Callable[[str, float], None] | None = None
     ) -> WarmupRecord: ...
-
-
-@dataclass(frozen=True)
-class Revival:
-    """One thing to start again, as :meth:`Keeper._bring_back` drives it."""
-
-    key: str
-    """Its restart budget's name (an engine's name, or :data:`ROUTER`)."""
-    label: str
-    why: str
-    """Why it is being restarted (its exit), for the first message."""
-    announce: Callable[[str], None]
-    """Shows "restarting it" in ``status``."""
-    relaunch: Callable[[], None]
-    """A fresh process (under the keeper's lock)."""
-    until_back: Callable[[], None]
-    """Returns once it serves again; raises when it did not come back."""
-    back: Callable[[int], None]
-    """It serves again (the restarts within the window)."""
-    give_up: Callable[[str], None]
-    """Its restarts are spent (why)."""
 
 
 class Keeper:
@@ -172,35 +147,11 @@ class Keeper:
         self._reviving[key] = thread = threading.Thread(target=run, name=f"revive {key}", daemon=True)
         thread.start()
 
-    def _bring_back(self, what: Revival) -> None:
-        """Restart ``what`` until it is back or its restarts are spent, each after the budget's pause;
-        said on the terminal and in ``status`` at each step."""
-        budget = self._budgets.setdefault(what.key, RestartBudget(self.server.settings.engine.restart_limit))
-        why = what.why
-        while not self.stopping:
-            pause = budget.next_pause(time.monotonic())
-            if pause is None:
-                what.give_up(f"{why}; {budget.exhausted_text()}")
-                return
-            after = f" in {pause:.0f} s" if pause else ""
-            what.announce(f"{why}; restarting it{after} ({budget.used} of {budget.limit})")
-            self.server.say(
-                f"note: {why}; restarting it{after} (restart {budget.used} of {budget.limit} within 10 min)"
-            )
-            if self._stop_asked(pause):
-                return
-            with self.lifecycle:  # a stop either comes first (no process started) or stops this one
-                if self.stopping:
-                    return
-                what.relaunch()
-            try:
-                what.until_back()
-            except (EngineStartError, WarmupError, httpx.HTTPError) as err:
-                why = f"{what.label} did not come back ({str(err).splitlines()[0]})"
-                continue
-            if not self.stopping:
-                what.back(budget.used)
-            return
+    def _bring_back(self, key: str, what: Revival) -> None:
+        """Restart ``what`` (``revive.bring_back``) on the restart budget named ``key`` (an engine's
+        name, or :data:`ROUTER`), said on the terminal and in ``status`` at each step."""
+        budget = self._budgets.setdefault(key, RestartBudget(self.server.settings.engine.restart_limit))
+        bring_back(what, budget, self.server.say, lambda: self.stopping, self.lifecycle)
 
     def _revive_router(self, router: Router, code: int) -> None:
         """The router again: meanwhile the run is starting (nobody can be served), then ready."""
@@ -216,8 +167,8 @@ class Keeper:
             self.server.say(f"the router is back (restart {restarts})")
 
         self._bring_back(
+            ROUTER,
             Revival(
-                key=ROUTER,
                 label="the router",
                 why=f"the router exited (code {code})",
                 announce=lambda text: self.server.update("starting", text, 0.98),
@@ -225,7 +176,7 @@ class Keeper:
                 until_back=lambda: router.wait_routing(ROUTER_START_S),
                 back=back,
                 give_up=give_up,
-            )
+            ),
         )
 
     def _revive(self, engine: Engine, code: int) -> None:
@@ -253,8 +204,8 @@ class Keeper:
             self.server.say(f"{engine.label} is back (restart {engine.restarts}){router}")
 
         self._bring_back(
+            engine.name,
             Revival(
-                key=engine.name,
                 label=engine.label,
                 why=why,
                 announce=lambda text: self._engine_state(engine, "restarting", text),
@@ -262,7 +213,7 @@ class Keeper:
                 until_back=until_back,
                 back=back,
                 give_up=lambda why: self._give_up(engine, f"{why}; last log lines:\n{engine.tail()}"),
-            )
+            ),
         )
 
     def _plan(self) -> Plan:
@@ -274,13 +225,6 @@ class Keeper:
         """Whether this node's engines have no router in front (one engine: the run waits for it)."""
         routed_worker = bool(self.server.node_rank and self.server.planned and self.server.planned.plan.routed)
         return self.server.router is None and not routed_worker
-
-    def _stop_asked(self, pause: float) -> bool:
-        """Sleep ``pause`` seconds unless the run stops meanwhile; True when it does."""
-        deadline = time.monotonic() + pause
-        while not self.stopping and time.monotonic() < deadline:
-            time.sleep(min(0.2, deadline - time.monotonic()))
-        return self.stopping
 
     def _engine_state(self, engine: Engine, state: EngineState, detail: str) -> None:
         """One engine's state in ``status``: the engine entry behind a router; the run's own state when

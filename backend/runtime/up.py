@@ -18,12 +18,12 @@ from pathlib import Path
 import httpx
 
 from backend.engine_api import local_host
-from backend.errors import ErniechatError
+from backend.errors import ErniechatError, PageError
 from backend.page.auth import exposed_without_login, login_note, login_on, weak_password_warning
 from backend.runtime.processes.child_tmp import OwnTmp
 from backend.runtime.processes.leftovers import stop_leftovers
 from backend.runtime.processes.process import IN_USE, ChildGroup, bind_problem
-from backend.runtime.revive import RestartBudget
+from backend.runtime.revive import RestartBudget, Revival, bring_back
 from backend.runtime.serve import Server
 from config.settings import ENV_DELIMITER, ENV_PREFIX, ROOT, Settings
 
@@ -153,22 +153,29 @@ def open_page(page: ChatPage, settings: Settings) -> None:
         print(f"note: the page's first chat failed ({why}); the first user pays for its first use", flush=True)
 
 
-def bring_back(page: ChatPage, code: int, budget: RestartBudget, settings: Settings) -> str | None:
+def revive_page(page: ChatPage, code: int, budget: RestartBudget, settings: Settings) -> str | None:
     """Start the page again after it exited with ``code``, each time after a longer pause, until it
     serves (None) or its restarts are spent (why not, with its log's last lines)."""
-    why = f"the chat page exited (code {code})"
-    while (pause := budget.next_pause(time.monotonic())) is not None:
-        after = f" in {pause:.0f} s" if pause else ""
-        print(f"note: {why}; restarting it{after} (restart {budget.used} of {budget.limit} within 10 min)", flush=True)
-        time.sleep(pause)
-        page.restart()
-        problem = page.wait_serving()
-        if problem is None:
-            open_page(page, settings)
-            print(f"the chat page is back (restart {budget.used}): {page.url}", flush=True)
-            return None
-        why = f"the chat page did not come back ({problem.splitlines()[0]})"
-    return f"{why}; {budget.exhausted_text()}; last log lines:\n{page.tail()}"
+    spent: list[str] = []
+
+    def until_back() -> None:
+        if (problem := page.wait_serving()) is not None:
+            raise PageError(problem)
+
+    def back(restarts: int) -> None:
+        open_page(page, settings)
+        print(f"the chat page is back (restart {restarts}): {page.url}", flush=True)
+
+    revival = Revival(
+        label="the chat page",
+        why=f"the chat page exited (code {code})",
+        relaunch=page.restart,
+        until_back=until_back,
+        back=back,
+        give_up=lambda why: spent.append(f"{why}; last log lines:\n{page.tail()}"),
+    )
+    bring_back(revival, budget, lambda line: print(line, flush=True))
+    return spent[0] if spent else None
 
 
 def run_up(settings: Settings) -> int:
@@ -212,7 +219,7 @@ def run_up(settings: Settings) -> int:
         engine_up, budget = True, RestartBudget(settings.engine.restart_limit)
         while True:
             code = page.exit_code()
-            if code is not None and (why := bring_back(page, code, budget, settings)) is not None:
+            if code is not None and (why := revive_page(page, code, budget, settings)) is not None:
                 print(f"error: {why}; stopping", file=sys.stderr)
                 return 1
             if engine_up and not server.check():

@@ -16,10 +16,10 @@ import pytest
 from support.ports import free_port
 from support.services import DEMO_DIR, BackendProcess, Engine, backend_env, status_of
 
-from backend.errors import RunBusy
+from backend.errors import EngineStartError, RunBusy
 from backend.runtime.components.logwatch import LogState
 from backend.runtime.processes.runlock import RunLock, claims_for
-from backend.runtime.revive import PAUSES_S, RestartBudget
+from backend.runtime.revive import PAUSES_S, RestartBudget, Revival, bring_back
 from backend.runtime.status import read_status
 
 
@@ -81,6 +81,40 @@ def test_restarts_pause_longer_each_time_and_stop_at_the_limit_within_the_window
     assert budget.next_pause(100.0 + 600 + PAUSES_S[2]) == PAUSES_S[0], "old restarts still counted"
     off = RestartBudget(limit=0)
     assert off.next_pause(0.0) is None and off.exhausted_text() == "not restarted (engine.restart_limit is 0)"
+
+
+def test_one_restart_loop_says_each_step_and_gives_up_with_why_it_did_not_come_back() -> None:
+    """``bring_back`` (the keeper's loop for engines and the router, ``up``'s for the page)."""
+    said: list[str] = []
+    seen: list[str] = []
+
+    def fails() -> None:
+        raise EngineStartError("port 8001 is already in use\nmore")
+
+    revival = Revival(
+        label="the router",
+        why="the router exited (code -9)",
+        relaunch=lambda: seen.append("relaunch"),
+        until_back=fails,
+        back=lambda n: seen.append(f"back {n}"),
+        give_up=lambda why: seen.append(f"gave up: {why}"),
+        announce=lambda text: seen.append(f"announce: {text}"),
+    )
+    bring_back(revival, RestartBudget(limit=1), said.append)
+    assert said == ["note: the router exited (code -9); restarting it (restart 1 of 1 within 10 min)"]
+    assert seen == [
+        "announce: the router exited (code -9); restarting it (1 of 1)",
+        "relaunch",
+        "gave up: the router did not come back (port 8001 is already in use); restarted 1 times within 10 minutes "
+        "(engine.restart_limit), not again",
+    ]
+    seen.clear()
+    back = Revival("the page", "the page exited (code 1)", lambda: None, lambda: None, seen.append, seen.append)
+    bring_back(back, RestartBudget(limit=3), said.append)
+    assert seen == [1], "back after the first restart, with the restarts within the window"
+    seen.clear()
+    bring_back(back, RestartBudget(limit=3), said.append, stopped=lambda: True)
+    assert seen == [], "nothing once the run stops"
 
 
 VLLM_FAILED_LOAD = """\
