@@ -40,16 +40,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             print(f"plan:    {status.plan_summary} on {status.hardware}")
         if status.router:
             r = status.router
-            print(f"router:  {r.get('url')}  {r.get('policy')} on {r.get('session_header')}, pid {r.get('pid')}")
+            print(f"router:  {r.url}  {r.policy} on {r.session_header}, pid {r.pid}")
             for e in status.engines:
                 where = "in rotation" if e.in_rotation else "OUT of rotation"
                 health = "healthy" if e.answers else "not answering"
                 state = "" if e.state == "serving" else f"  [{e.state}: {e.detail}]"
                 again = f" ({e.restarts} restart{'s' if e.restarts > 1 else ''})" if e.restarts else ""
                 print(f"  {e.name}: {e.url}  {where}, {health}, load {e.load}{again}{state}")
-        if status.startup and "kv_tokens" in status.startup:
-            kv, planned = status.startup["kv_tokens"], status.startup["kv_tokens_planned"]
-            print(f"KV:      {kv:,.0f} tokens per engine, as vLLM allocated it (the plan's arithmetic: {planned:,.0f})")
+        if status.startup and status.startup.kv_tokens is not None:
+            kv, planned = status.startup.kv_tokens, status.startup.kv_tokens_planned
+            print(f"KV:      {kv:,} tokens per engine, as vLLM allocated it (the plan's arithmetic: {planned:,})")
         w = status.warmup
         if w is not None and not w.disabled:
             print(f"warm-up: first TTFT {w.first_ttft_s * 1000:.0f} ms, steady {w.steady_ttft_s * 1000:.0f} ms")

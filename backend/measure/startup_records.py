@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from backend.runtime.status import WarmupRecord
+from backend.runtime.status import StartupRecord, WarmupRecord
 
 
 class PathWarmth(BaseModel):
@@ -39,7 +39,7 @@ class StartupRun(BaseModel):
     ok: Literal[True] = True
     ready_s: float
     """Launch to ready."""
-    startup: dict[str, float] | None
+    startup: StartupRecord | None
     """The start-up phases, as the status file records them."""
     plan: str
     first_user_ttft_s: float

@@ -45,7 +45,7 @@ from backend.runtime.processes.process import IN_USE, ChildGroup, bind_problem
 from backend.runtime.processes.runlock import RunLock, claims_for, port_claim
 from backend.runtime.resolve import ResolvedModel, resolve_model
 from backend.runtime.rundir import RunDir
-from backend.runtime.status import EngineStatus, WarmupRecord
+from backend.runtime.status import EngineStatus, StartupRecord, WarmupRecord
 from backend.runtime.supervisor import Supervisor
 from backend.runtime.warmup import WarmupError, warm_up
 from config.commands import (
@@ -224,14 +224,10 @@ class Server:
         self._record_warmup(records[0] if records else WarmupRecord(disabled=True))
         if plan.routed and self.node_rank == 0 and not self._start_router(plan):
             return False
-        kv = self.engines[0].log.kv_tokens  # what vLLM allocated, against the plan's arithmetic
-        self.status.startup = {
-            "to_health_s": round(to_health, 1),
-            "warmup_s": round(warm_s, 1),
-            "total_s": round(time.monotonic() - self.t0, 1),
-            **(self.engines[0].log.splits or {}),
-            **({"kv_tokens": kv, "kv_tokens_planned": plan.memory.kv_tokens} if kv is not None else {}),
-        }
+        log = self.engines[0].log
+        self.status.startup = StartupRecord.measured(
+            to_health, warm_s, time.monotonic() - self.t0, log.splits, log.kv_tokens, plan.memory.kv_tokens
+        )
         if self.head:
             self.head.set_state("ready", self.base_url)
         self.update("ready", plan.summary(), 1.0)

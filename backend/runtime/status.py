@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_serializer
 
 from backend.runtime.processes.groups import alive
 from backend.runtime.processes.leftovers import find_leftovers
@@ -51,6 +52,68 @@ class WarmupRecord(BaseModel):
     """Per request path (``warmup.KINDS``): chat or completions, streamed or whole, sampled or greedy.
     ``first_ttft_s`` / ``steady_ttft_s`` above are the page's path (chat, streamed, sampled)."""
     duration_s: float = 0.0
+
+
+class StartupRecord(BaseModel):
+    """Where a start's seconds went, and the KV cache it got. Saved inside the status and copied
+    into ``tune``'s and ``bench-startup``'s records; what vLLM's log did not say is absent, not null."""
+
+    to_health_s: float
+    """Launch to every engine's ``/health``."""
+    warmup_s: float
+    total_s: float
+    """``serve``'s start to ready: planning, launch, warm-up, the router."""
+    weights_s: float | None = None
+    """vLLM's own splits, from its log (``logwatch.STARTUP_SPLITS``)."""
+    compile_s: float | None = None
+    engine_init_s: float | None = None
+    graphs_s: float | None = None
+    kv_tokens: int | None = None
+    """Tokens per engine vLLM allocated, read from its log."""
+    kv_tokens_planned: int | None = None
+    """The plan's arithmetic for the same; given only beside ``kv_tokens``."""
+
+    @classmethod
+    def measured(
+        cls,
+        to_health_s: float,
+        warmup_s: float,
+        total_s: float,
+        splits: Mapping[str, float] | None,
+        kv_tokens: int | None,
+        kv_tokens_planned: int,
+    ) -> StartupRecord:
+        """The record of a start that just became ready: seconds rounded to 0.1, vLLM's splits by
+        their field names, and the plan's KV tokens only where vLLM's can be set beside them."""
+        kv = {"kv_tokens": kv_tokens, "kv_tokens_planned": kv_tokens_planned} if kv_tokens is not None else {}
+        return cls.model_validate(
+            {
+                "to_health_s": round(to_health_s, 1),
+                "warmup_s": round(warmup_s, 1),
+                "total_s": round(total_s, 1),
+                **(splits or {}),
+                **kv,
+            }
+        )
+
+    @model_serializer(mode="wrap")
+    def _drop_absent(self, handler: Any) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        return {k: v for k, v in data.items() if v is not None}
+
+
+class RouterRecord(BaseModel):
+    """The router in front of several engines, as ``status`` shows it (its engines: ``engines``)."""
+
+    url: str
+    pid: int | None = None
+    alive: bool = False
+    policy: str
+    session_header: str
+    """The header a conversation is kept on one engine by."""
+    version: str
+    """The pinned ``vllm-router`` release."""
+    log: str
 
 
 EngineState = Literal["serving", "exited", "restarting", "gave up"]
@@ -93,10 +156,10 @@ class EngineStatus(BaseModel):
     plan_reasons: dict[str, str] = Field(default_factory=dict)
     hardware: str = ""
     warmup: WarmupRecord | None = None
-    startup: dict[str, float] | None = None
-    """Seconds: launch to /health, warm-up, total; plus vLLM's own splits from its log."""
-    router: dict[str, Any] | None = None
-    """The router in front of several engines (url, pid, policy, ...), when the plan has one."""
+    startup: StartupRecord | None = None
+    """Set once ready: launch to /health, warm-up, total; vLLM's own splits and KV cache from its log."""
+    router: RouterRecord | None = None
+    """The router in front of several engines, when the plan has one."""
     engines: list[EngineReport] = Field(default_factory=list)
     """Behind the router: each engine, as ``serve``, the router and the engine itself see it."""
     notes: list[str] = Field(default_factory=list)

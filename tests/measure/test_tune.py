@@ -166,7 +166,7 @@ def test_tune_on_this_machine_measures_the_default_and_saves_its_profile(engine:
     assert report["skipped"] == [second] and len(report["measured"]) == 1
     assert f"for {second} (1 engine); skipped" in done.stdout
     measured = report["measured"][0]
-    assert measured["ok"] and measured["startup_s"] > 0
+    assert measured["ok"] and measured["startup_s"] > 0 and measured["startup"]["to_health_s"] > 0
     assert (measured["target"]["ok"], measured["target"]["errors"], measured["single"]["ok"]) == (4, 0, 4)
     assert measured["target"]["client_processes"] == 1, "two cores: the engine needs them more than the client"
     assert report["default_vs_best"]["default_within_5pct"] is True

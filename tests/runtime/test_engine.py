@@ -39,7 +39,7 @@ from backend.runtime.processes.groups import group_processes, start_time
 from backend.runtime.processes.process import IN_USE, ChildGroup, bind_problem
 from backend.runtime.rundir import RunDir
 from backend.runtime.serve import Server
-from backend.runtime.status import EngineStatus, StatusReader, read_status, write_status
+from backend.runtime.status import EngineStatus, StartupRecord, StatusReader, read_status, write_status
 from config.hardware import load_profile
 from config.model import read_model
 from config.planner import make_plan
@@ -601,6 +601,30 @@ def test_ordinary_lines_are_not_fatal() -> None:
     assert state.fatal is None and state.kv_tokens == 1234567
     assert state.phase is not None and state.phase.key == "api"
     assert len(FATALS) >= 8
+
+
+def test_vllms_own_startup_splits_reach_the_startup_record_and_what_it_did_not_say_is_absent() -> None:
+    state = LogState()
+    for line in [  # vLLM 0.24's own lines, from a GPU start
+        "(EngineCore pid=862) INFO 12-06 04:43:00 [default_loader.py:430] Loading weights took 0.10 seconds",
+        "(EngineCore pid=862) INFO 12-06 04:43:14 [monitor.py:53] torch.compile took 13.30 s in total",
+        "(EngineCore pid=862) INFO 12-06 04:43:26 [core.py:337] init engine (profile, create kv cache, warmup model) "
+        "took 25.69 s (compilation: 13.30 s)",
+    ]:
+        state.feed(line)
+    record = StartupRecord.measured(31.04, 2.26, 40.0, state.splits, state.kv_tokens, 4096)
+    assert json.loads(record.model_dump_json()) == {
+        "to_health_s": 31.0,
+        "warmup_s": 2.3,
+        "total_s": 40.0,
+        "weights_s": 0.1,
+        "compile_s": 13.3,
+        "engine_init_s": 25.69,
+    }, "a split vLLM did not log, and the KV cache it did not report, are absent"
+    state.feed("(EngineCore pid=862) INFO [gpu_model_runner.py:6656] Graph capturing finished in 3 secs, took 0.34 GiB")
+    state.feed("(EngineCore pid=862) INFO 12-06 04:43:23 [kv_cache_utils.py:2146] GPU KV cache size: 1,234,567 tokens")
+    record = StartupRecord.measured(31.04, 2.26, 40.0, state.splits, state.kv_tokens, 4096)
+    assert (record.graphs_s, record.kv_tokens, record.kv_tokens_planned) == (3.0, 1234567, 4096)
 
 
 @pytest.mark.parametrize(

@@ -319,12 +319,12 @@ def test_a_killed_router_is_restarted_and_the_run_is_ready_again(pair: Pair) -> 
     it again on the same port, and the run is ready and routes to both engines."""
     run_dir = pair.engines[0].run_dir
     before = read_status(run_dir)
-    assert before is not None and before.router and before.state == "ready"
+    assert before is not None and before.router and before.router.pid and before.state == "ready"
     seen: list[Seen] = []
     polling = threading.Event()
     poller = threading.Thread(target=watch_status, args=(run_dir, "router", seen, polling), daemon=True)
     poller.start()
-    os.killpg(int(before.router["pid"]), signal.SIGKILL)
+    os.killpg(before.router.pid, signal.SIGKILL)
     killed = time.monotonic()
     pair.serve.wait_for_line("the router is back (restart 1)", timeout=DEADLINE_S)
     polling.set()
@@ -333,7 +333,7 @@ def test_a_killed_router_is_restarted_and_the_run_is_ready_again(pair: Pair) -> 
     assert starting and starting[0] - killed < 2.0, f"status said starting {starting[:1]} s after the kill"
     after = read_status(run_dir)
     assert after is not None and after.state == "ready" and after.router
-    assert after.router["pid"] != before.router["pid"]
+    assert after.router.pid != before.router.pid
     wait_until("both engines in the rotation", lambda: [h.in_rotation for h in pair.router.health()] == [True, True])
     first, second = (converse(pair, f"after-router-{n}-{time.time_ns()}", 1)[0] for n in range(2))
     assert {first, second} == {0, 1}, "the restarted router does not spread new conversations"

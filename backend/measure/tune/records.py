@@ -13,6 +13,7 @@ from pydantic import BaseModel, model_serializer
 
 from backend.measure.stats import Level
 from backend.prompts import Shape
+from backend.runtime.status import StartupRecord
 
 
 def _drop_absent(data: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
@@ -32,7 +33,8 @@ class CandidateRecord(BaseModel):
     error: str | None = None
     startup_s: float | None = None
     """Launch to ready, warm-up included; None: the engine did not start."""
-    startup: dict[str, float] | None = None
+    startup: StartupRecord | None = None
+    """Where the start's seconds went, as the status file records them."""
     note: str | None = None
     target: Level | None = None
     """The level at the target concurrency (what the best is chosen on)."""

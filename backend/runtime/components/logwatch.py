@@ -55,7 +55,7 @@ PHASES: list[tuple[re.Pattern[str], Phase]] = [
 KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
 STARTUP_SPLITS = {
     "weights_s": re.compile(r"Loading weights took ([\d.]+) s"),
-    "compile_s": re.compile(r"torch\.compile takes ([\d.]+) s"),
+    "compile_s": re.compile(r"torch\.compile (?:takes|took) ([\d.]+) s"),
     "engine_init_s": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
     "graphs_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
 }

@@ -33,6 +33,7 @@ from backend.engine_api import SESSION_HEADER, local_host
 from backend.errors import EngineStartError
 from backend.runtime.processes.child_tmp import OwnTmp
 from backend.runtime.processes.process import ChildGroup, log_tail, port_in_use
+from backend.runtime.status import RouterRecord
 
 ROUTER_PACKAGE = "vllm-router"
 ROUTER_VERSION = "0.1.17"
@@ -321,17 +322,17 @@ class Router:
                 )
             return out
 
-    def status_record(self) -> dict[str, Any]:
-        """For ``status --json``: the router itself (its engines: :meth:`health`)."""
-        return {
-            "url": self.url,
-            "pid": self.pid,
-            "alive": self.alive(),
-            "policy": self.config.policy,
-            "session_header": SESSION_HEADER,
-            "version": ROUTER_VERSION,
-            "log": str(self.log_path),
-        }
+    def status_record(self) -> RouterRecord:
+        """For ``status``: the router itself (its engines: :meth:`health`)."""
+        return RouterRecord(
+            url=self.url,
+            pid=self.pid,
+            alive=self.alive(),
+            policy=self.config.policy,
+            session_header=SESSION_HEADER,
+            version=ROUTER_VERSION,
+            log=str(self.log_path),
+        )
 
     def tail(self, n: int = 12) -> str:
         return self.process.tail(n)
