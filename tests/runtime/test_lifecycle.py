@@ -108,13 +108,12 @@ def test_one_restart_loop_says_each_step_and_gives_up_with_why_it_did_not_come_b
         "gave up: the router did not come back (port 8001 is already in use); restarted 1 times within 10 minutes "
         "(engine.restart_limit), not again",
     ]
-    seen.clear()
-    back = Revival("the page", "the page exited (code 1)", lambda: None, lambda: None, seen.append, seen.append)
+    backs: list[int] = []
+    back = Revival("the page", "the page exited (code 1)", lambda: None, lambda: None, backs.append, seen.append)
     bring_back(back, RestartBudget(limit=3), said.append)
-    assert seen == [1], "back after the first restart, with the restarts within the window"
-    seen.clear()
+    assert backs == [1], "back after the first restart, with the restarts within the window"
     bring_back(back, RestartBudget(limit=3), said.append, stopped=lambda: True)
-    assert seen == [], "nothing once the run stops"
+    assert backs == [1], "nothing once the run stops"
 
 
 VLLM_FAILED_LOAD = """\
