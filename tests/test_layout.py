@@ -1,6 +1,7 @@
 """Imports run one way: the planner's rules never import the planner, the runtime never imports the
-measuring code, and no project modules import each other in a ring. Modules and folders stay small. Read from the source (every
-import statement, also those inside functions or under ``TYPE_CHECKING``), not by importing it."""
+measuring code, and no project modules import each other in a ring; modules and folders stay small.
+Read from the source (every import statement, also those inside functions or under ``TYPE_CHECKING``),
+not by importing it."""
 
 from __future__ import annotations
 
