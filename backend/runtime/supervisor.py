@@ -1,12 +1,11 @@
 """What a run starts, in the order it started them, stopped in reverse.
 
 Every kind of thing a run starts (an engine, the router, the MPS daemon, the chat page's
-processes, the head's join point) is a :class:`Component`: it starts, says whether it has
-exited, and stops. ``serve`` and ``up`` hand each one to a :class:`Supervisor` as it starts, so
-one call stops them all, the router before the engines behind it and the MPS daemon after its
-clients, however far the start got. Restarting what dies once the run is ready is the
-``keeper``'s (engines, router) and ``up``'s (page processes) part; both use
-``revive.RestartBudget``.
+processes, the head's join point) is a :class:`Component`: it starts and stops. ``serve`` and
+``up`` hand each one to a :class:`Supervisor` as it starts, so one call stops them all, the router
+before the engines behind it and the MPS daemon after its clients, however far the start got.
+Restarting what dies once the run is ready is ``revive.bring_back``'s, driven by the ``keeper``
+(engines, router) and by ``up`` (page processes).
 """
 
 from __future__ import annotations
@@ -19,10 +18,6 @@ class Component(Protocol):
     """One thing a run starts and stops."""
 
     def start(self) -> None: ...
-
-    def exit_code(self) -> int | None:
-        """None while it runs (or when it is not a process of its own)."""
-        ...
 
     def stop(self) -> None: ...
 
@@ -54,9 +49,3 @@ class Supervisor:
             self.started = [c for c in self.started if c not in chosen]
         for component in reversed(chosen):
             component.stop()
-
-    def exited(self) -> list[tuple[Component, int]]:
-        """Each started component that has exited, with its code."""
-        with self._lock:
-            started = list(self.started)
-        return [(c, code) for c in started if (code := c.exit_code()) is not None]

@@ -200,7 +200,6 @@ def run_up(settings: Settings) -> int:
     if problem:
         print(f"error: the chat page's port {a.port} on {a.host} {problem}; check app.host", file=sys.stderr)
         return 2
-    page: ChatPage | None = None
     try:
         if not server.start():
             print(f"error: {server.status.error}", file=sys.stderr)

@@ -72,10 +72,6 @@ class MpsDaemon:
             )
         self.running = True
 
-    def exit_code(self) -> int | None:
-        """None: the daemon is run by ``nvidia-cuda-mps-control -d``, not as a child that is watched."""
-        return None
-
     def stop(self) -> None:
         """Quit the daemon (after the engines, its clients, have stopped)."""
         if not self.running:

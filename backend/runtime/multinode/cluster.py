@@ -348,10 +348,6 @@ class Head:
                 break
             time.sleep(0.2)
 
-    def exit_code(self) -> int | None:
-        """None: the join point is a thread of ``serve``'s own, not a process that exits."""
-        return None
-
     def stop(self) -> None:
         """Close the join point (a supervised component's stop)."""
         self.close()
