@@ -2,9 +2,10 @@
 the logs, gate readiness on health + warm-up, then watch.
 
 The engine is ready only after /health answers, /v1/models lists the model and the warm-up
-has passed; a routed plan's engines start one after another, each healthy and warmed before
-the next, then the router in front of them takes the engine port. The status file tells every
-other process where things stand, the router's engines included.
+has passed; a routed plan's engines start in waves (together unless they share a GPU whose free
+memory each measures), each wave healthy and warmed before the next, then the router in front
+of them takes the engine port. The status file tells every other process where things stand,
+the router's engines included.
 
 Several nodes: ``serve`` here is the head (node 0). It opens the join point
 (``backend.runtime.multinode.cluster``) and prints each other node's line. With replicas it waits, after
@@ -29,7 +30,7 @@ import httpx
 
 from backend.engine_api import engine_url
 from backend.errors import EngineStartError, ErniechatError
-from backend.runtime.components.engines import Engine, check_engine_build, start_waves
+from backend.runtime.components.engines import Engine, check_engine_build, start_waves, wait_all_healthy
 from backend.runtime.components.logwatch import Phase
 from backend.runtime.components.mps import MpsDaemon
 from backend.runtime.components.placement import check_ports, plan_engines
@@ -190,8 +191,8 @@ class Server:
                     f"of your own (pipe {self.mps.pipe_dir})"
                 )
                 self.status.notes.append("the engines share each GPU through MPS (gpu_sharing=mps)")
-            # GPU engines together when none measures its memory at start, else one per GPU at a time;
-            # each wave healthy and warmed before the next (start_waves).
+            # Engines together (CPU ones always, GPU ones when none measures its memory at start), else
+            # one per GPU at a time; each wave healthy and warmed before the next (start_waves).
             kv_fixed = plan.kv_cache_memory_bytes is not None
             for wave in start_waves(plan.engine_count, plan.engines_per_gpu, plan.device, kv_fixed):
                 launch = time.monotonic()
@@ -203,11 +204,15 @@ class Server:
                     self.status.engine_pid = started[0].pid
                 names = ", ".join(engine.name for engine in started)
                 self.update("starting", f"launching vLLM ({names})" if plan.routed else "launching vLLM", 0.04)
-                for engine in started:
-                    engine.wait_healthy(
-                        plan.served_name, e.api_key, e.start_timeout_s, self._on_phase, self.node_problem
-                    )
-                    self.lower_engine_core(engine, plan)
+                wait_all_healthy(
+                    started,
+                    plan.served_name,
+                    e.api_key,
+                    e.start_timeout_s,
+                    self._on_phase,
+                    self.node_problem,
+                    on_healthy=lambda engine: self.lower_engine_core(engine, plan),
+                )
                 to_health += time.monotonic() - launch
                 warm_t0 = time.monotonic()
                 if e.warmup:
@@ -342,8 +347,8 @@ class Server:
             )
 
     def _warm_together(self, engines: list[Engine], plan: Plan) -> list[WarmupRecord]:
-        """Warm engines that share no GPU at the same time (each warm-up its own thread and loop); one
-        engine in this thread, so Ctrl-C stops it at once."""
+        """Warm a wave's engines at the same time (they share no GPU, or CPU engines on cores of their own;
+        each warm-up its own thread and loop); one engine in this thread, so Ctrl-C stops it at once."""
         if len(engines) == 1:
             return [self.warm(engines[0], plan)]
         pool = ThreadPoolExecutor(max_workers=len(engines), thread_name_prefix="warm-up")

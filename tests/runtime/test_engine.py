@@ -25,14 +25,22 @@ import pytest
 from support.leftover_children import children_started
 from support.ports import free_port, free_run
 from support.services import ENGINE_PYTHON, ROOT, BackendProcess, Engine, backend_env, clear_settings_env, status_of
+from support.waiting import DEADLINE_S
 
 from backend.engine_api import KINDS, ChatResult, chat, fetch_metrics, total
 from backend.errors import EngineStartError
 from backend.prompts import prompt_of
 from backend.runtime.components import mps
-from backend.runtime.components.engines import ENGINE_CORE_TITLE, check_engine_build, compile_cache_env, start_waves
+from backend.runtime.components.engines import (
+    ENGINE_CORE_TITLE,
+    check_engine_build,
+    compile_cache_env,
+    start_waves,
+    wait_all_healthy,
+)
 from backend.runtime.components.engines import Engine as RuntimeEngine
 from backend.runtime.components.logwatch import FATALS, LogState
+from backend.runtime.components.placement import plan_engines
 from backend.runtime.display import Display
 from backend.runtime.processes import child_tmp, leftovers
 from backend.runtime.processes.groups import group_processes, start_time
@@ -43,7 +51,7 @@ from backend.runtime.status import EngineStatus, StartupRecord, StatusReader, re
 from config.hardware import load_profile
 from config.model import read_model
 from config.planner import make_plan
-from config.settings import WorkloadSettings, load_settings
+from config.settings import EngineSettings, WorkloadSettings, load_settings
 
 ERNIE = ROOT / "tests" / "data" / "ernie-4.5-0.3b-pt.json"
 
@@ -303,16 +311,97 @@ def test_engines_on_different_gpus_warm_together(
     assert written is not None and written.state == "warming"
 
 
-def test_start_waves_start_gpu_engines_together_unless_they_measure_a_shared_gpu() -> None:
+def test_start_waves_start_engines_together_unless_they_measure_a_shared_gpu() -> None:
     assert start_waves(3, 3, "cuda", kv_fixed=True) == [[0, 1, 2]], "a fixed KV cache each: all at once"
     assert start_waves(4, 1, "cuda", kv_fixed=False) == [[0, 1, 2, 3]], "one per GPU: nothing shared"
     assert start_waves(4, 2, "cuda", kv_fixed=False) == [[0, 2], [1, 3]], "one per GPU at a time"
     assert start_waves(6, 3, "cuda", kv_fixed=False) == [[0, 3], [1, 4], [2, 5]]
-    assert start_waves(2, 2, "cpu", kv_fixed=True) == [[0], [1]], "CPU engines share the one CPU"
     assert start_waves(1, 1, "cuda", kv_fixed=False) == [[0]]
+    assert start_waves(2, 2, "cpu", kv_fixed=False) == [[0, 1]], "CPU engines: a fixed KV cache and cores each"
+    assert start_waves(3, 3, "cpu", kv_fixed=False) == [[0, 1, 2]]
+    assert start_waves(1, 1, "cpu", kv_fixed=False) == [[0]]
 
 
-def test_gpu_engines_started_together_compile_into_caches_of_their_own(tmp_path: Path) -> None:
+def test_the_engines_of_a_routed_cpu_plan_start_together_each_with_a_compile_cache_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both engines of ``--set engines_per_gpu=2`` on a CPU in one wave, on cores of their own, engine 1
+    compiling into a cache root of its own (engine 0 keeps vLLM's)."""
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
+    hardware = load_profile("cpu-only")
+    plan = make_plan(hardware, read_model(ERNIE), WorkloadSettings(), {"engines_per_gpu": 2})
+    assert (plan.device, plan.engine_count) == ("cpu", 2)
+    kv_fixed = plan.kv_cache_memory_bytes is not None
+    assert start_waves(plan.engine_count, plan.engines_per_gpu, plan.device, kv_fixed) == [[0, 1]]
+    engines = plan_engines(
+        plan,
+        EngineSettings(),
+        hardware,
+        str(tmp_path / "model"),
+        tmp_path,
+        tmp_path / "engine.log",
+        node_rank=0,
+        master_addr="127.0.0.1",
+        master_port=free_port(),
+        mps_env=None,
+    )
+    assert [e.env.get("VLLM_CACHE_ROOT") for e in engines] == [None, str(tmp_path / "vllm" / "engine-1")]
+    assert [e.env["VLLM_CPU_OMP_THREADS_BIND"] for e in engines] == ["0-3", "4-7"], "cores of their own"
+    assert plan.cpu_kv_cache_space_gib
+    kv = ["--kv-cache-memory-bytes", str(plan.cpu_kv_cache_space_gib * 2**30)]
+    assert all(" ".join(kv) in " ".join(e.argv) for e in engines), "a KV cache each of the plan's size"
+
+
+STAND_IN_VLLM = """
+import http.server, json, sys
+class Answers(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": sys.argv[2]}]} if self.path.endswith("/models") else {}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Answers)
+print("Application startup complete.", flush=True)
+server.serve_forever()
+"""
+"""A server that answers as a healthy vLLM does (its log's API line, /health, /v1/models)."""
+
+EXITS_AFTER_FLAG = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.1)\nsys.exit(3)"
+
+
+def test_each_engine_of_a_wave_is_taken_as_healthy_while_the_others_still_start(tmp_path: Path) -> None:
+    """``on_healthy`` (a CPU engine's busy-waiting core to its low priority) runs for each engine started
+    together as soon as it is healthy, not after those before it: engine 0 here ends only once engine
+    1's ``on_healthy`` has run (then exits, which is named), so waiting for them in order never gets there."""
+    flag, port = tmp_path / "engine-1-healthy", free_port()
+
+    def child(name: str, code: str, *args: str, port: int = 1) -> RuntimeEngine:
+        argv = [sys.executable, "-c", code, *args]
+        return RuntimeEngine(name, argv, {}, tmp_path / f"{name}.log", tmp_path, "127.0.0.1", port)
+
+    slow = child("engine 0", EXITS_AFTER_FLAG, str(flag))
+    fast = child("engine 1", STAND_IN_VLLM, str(port), "demo", port=port)
+    healthy: list[str] = []
+
+    def on_healthy(engine: RuntimeEngine) -> None:
+        healthy.append(engine.name)
+        flag.touch()
+
+    try:
+        slow.start()
+        fast.start()
+        with pytest.raises(EngineStartError, match=r"engine 0 exited during start-up \(code 3\)"):
+            wait_all_healthy([slow, fast], "demo", None, DEADLINE_S, on_healthy=on_healthy)
+        assert healthy == ["engine 1"]
+    finally:
+        slow.stop()
+        fast.stop()
+
+
+def test_engines_started_together_compile_into_caches_of_their_own(tmp_path: Path) -> None:
     assert compile_cache_env(0, {"VLLM_CACHE_ROOT": str(tmp_path)}) == {}, "engine 0: vLLM's own cache"
     assert compile_cache_env(2, {"VLLM_CACHE_ROOT": str(tmp_path)}) == {"VLLM_CACHE_ROOT": str(tmp_path / "engine-2")}
     assert compile_cache_env(1, {"XDG_CACHE_HOME": str(tmp_path)}) == {

@@ -28,26 +28,28 @@ ENGINE_CORE_TITLE = "VLLM::EngineCor"  # vLLM's process title "VLLM::EngineCoreâ
 def start_waves(engine_count: int, engines_per_gpu: int, device: str, kv_fixed: bool) -> list[list[int]]:
     """The order in which a plan's servers start: waves, each healthy and warmed before the next.
 
-    GPU engines start together, each with a compile cache of its own (``compile_cache_env``), when
-    none sizes its KV cache from what it finds free: engines alone on their GPUs, or engines sharing
-    one with the plan's ``kv_cache_memory_bytes``. Engines sharing a GPU that measure their memory
-    (vLLM's default) start one after another: each counts what the others allocate meanwhile as its
-    own, and with two started first and warmed after, the second one's first request never answered
-    on an H200 (BENCHMARKS.md, "Start-up and warm-up"). A CPU engine shares its one device.
+    Engines start together, each with a compile cache of its own (``compile_cache_env``), when none
+    sizes its KV cache from what it finds free: CPU engines always (each one's KV cache is the plan's
+    ``cpu_kv_cache_space_gib``, passed as ``--kv-cache-memory-bytes``, and its threads bind cores of
+    its own), GPU engines when alone on their GPUs or sharing one with the plan's ``kv_cache_memory_bytes``.
+    On 2 idle cores the demo model's two engines (``engines_per_gpu=2``) were ready in 82-85 s together,
+    142-145 s one after another.
+    Engines sharing a GPU that measure their memory (vLLM's default) start one after another: each
+    counts what the others allocate meanwhile as its own, and with two started first and warmed
+    after, the second one's first request never answered on an H200 (BENCHMARKS.md, "Start-up and
+    warm-up").
     """
-    if device != "cuda" or engine_count <= 1:
-        return [[i] for i in range(engine_count)]
     per_gpu = max(engines_per_gpu, 1)
-    if per_gpu == 1 or kv_fixed:
-        return [list(range(engine_count))]
+    if device != "cuda" or per_gpu == 1 or kv_fixed:
+        return [list(range(engine_count))] if engine_count else []
     waves = [[i for i in range(engine_count) if i % per_gpu == k] for k in range(per_gpu)]
     return [w for w in waves if w]
 
 
 def compile_cache_env(index: int, environ: Mapping[str, str]) -> dict[str, str]:
-    """Engine ``index``'s own vLLM cache root when several GPU engines start together: vLLM writes its
-    compile cache in place, so two engines compiling the same model into one cache could read each
-    other's half-written file. Engine 0 keeps vLLM's own root (a single-engine plan's cache)."""
+    """Engine ``index``'s own vLLM cache root when several engines start together (CPU or GPU): vLLM
+    writes its compile cache in place, so two engines compiling the same model into one cache could
+    read each other's half-written file. Engine 0 keeps vLLM's own root (a single-engine plan's cache)."""
     if index == 0:
         return {}
     root = environ.get("VLLM_CACHE_ROOT") or str(Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm")
@@ -146,34 +148,35 @@ class Engine:
         """Until healthy; else stop it and raise EngineStartError saying why (a known fatal log line
         with its fix, an exit with the log's tail, the time-out, or ``problem()``: something
         outside that it cannot come up without, such as a node of a split engine)."""
-        deadline = time.monotonic() + timeout_s
-        with httpx.Client(timeout=httpx.Timeout(2.0)) as http:
-            while time.monotonic() < deadline:
-                self.read_log(on_phase)
-                outside = problem() if problem else None
-                if outside:
-                    self.stop()
-                    raise EngineStartError(outside)
-                if self.log.fatal:
-                    self.stop()
-                    raise EngineStartError(
-                        f"{self.log.fatal.what}: {self.log.fatal.fix}  [log: {self.log.fatal_line[:200]}]"
-                    )
-                code = self.exit_code()
-                if code is not None:
-                    self.read_log(on_phase)
-                    self.stop()
-                    cause = f": {self.log.cause}" if self.log.cause else ""
-                    raise EngineStartError(
-                        f"{self.label} exited during start-up (code {code}){cause}; last log lines:\n{self.tail()}"
-                    )
-                if self.log.phase and self.log.phase.key == "api" and self.healthy(http, served, api_key):
-                    return
-                time.sleep(0.5)
-        self.stop()
-        raise EngineStartError(
-            f"{self.label} was not healthy after {timeout_s:.0f} s (engine.start_timeout_s); see {self.log_path}"
-        )
+        wait_all_healthy([self], served, api_key, timeout_s, on_phase, problem)
+
+    def came_up(
+        self,
+        http: httpx.Client,
+        served: str,
+        api_key: str | None,
+        on_phase: Callable[[Phase], None] | None,
+        problem: Callable[[], str | None] | None,
+    ) -> bool:
+        """One look at it while it starts: True once healthy; stopped and EngineStartError once it
+        cannot come up (``wait_healthy``)."""
+        self.read_log(on_phase)
+        outside = problem() if problem else None
+        if outside:
+            self.stop()
+            raise EngineStartError(outside)
+        if self.log.fatal:
+            self.stop()
+            raise EngineStartError(f"{self.log.fatal.what}: {self.log.fatal.fix}  [log: {self.log.fatal_line[:200]}]")
+        code = self.exit_code()
+        if code is not None:
+            self.read_log(on_phase)
+            self.stop()
+            cause = f": {self.log.cause}" if self.log.cause else ""
+            raise EngineStartError(
+                f"{self.label} exited during start-up (code {code}){cause}; last log lines:\n{self.tail()}"
+            )
+        return bool(self.log.phase and self.log.phase.key == "api" and self.healthy(http, served, api_key))
 
     @property
     def label(self) -> str:
@@ -187,6 +190,39 @@ class Engine:
         note = f"no '{ENGINE_CORE_TITLE}' process found to lower to nice {nice}; replies may stall on few cores"
         say(f"note: {note}")
         return note
+
+
+def wait_all_healthy(
+    engines: list[Engine],
+    served: str,
+    api_key: str | None,
+    timeout_s: float,
+    on_phase: Callable[[Phase], None] | None = None,
+    problem: Callable[[], str | None] | None = None,
+    on_healthy: Callable[[Engine], None] | None = None,
+) -> None:
+    """Until every one of ``engines`` (started together) is healthy, each looked at in turn, so that
+    ``on_healthy`` runs for each as soon as it is: a CPU engine's busy-waiting core goes to its low
+    priority then, not once the slowest is up, and stops taking the cores the others still start on.
+    Else EngineStartError for the first that cannot come up (the others are the caller's to stop) or,
+    after ``timeout_s``, for the first still not up, every one not up stopped."""
+    deadline = time.monotonic() + timeout_s
+    waiting = list(engines)
+    with httpx.Client(timeout=httpx.Timeout(2.0)) as http:
+        while waiting and time.monotonic() < deadline:
+            for engine in [g for g in waiting if g.came_up(http, served, api_key, on_phase, problem)]:
+                waiting.remove(engine)
+                if on_healthy:
+                    on_healthy(engine)
+            if waiting:
+                time.sleep(0.5)
+    if waiting:
+        for engine in waiting:
+            engine.stop()
+        late = waiting[0]
+        raise EngineStartError(
+            f"{late.label} was not healthy after {timeout_s:.0f} s (engine.start_timeout_s); see {late.log_path}"
+        )
 
 
 def check_engine_build(plan: Plan, python: str, hardware: str) -> None:

@@ -85,7 +85,7 @@ def plan_engines(
         if engine.api_key:
             env["VLLM_API_KEY"] = engine.api_key
         env.update(mps_env or {})
-        if plan.device == "cuda" and plan.engine_count > 1:
+        if plan.engine_count > 1:  # they may start together (start_waves), CPU engines always do
             env.update(compile_cache_env(i, os.environ))
         name, log = (f"engine {i}", run_dir / f"engine-{i}.log") if plan.routed else ("engine", log_path)
         if node_rank:
