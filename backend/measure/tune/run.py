@@ -154,10 +154,12 @@ class Spent:
 def candidate_estimate(spent: Sequence[Spent], engines: int) -> float:
     """Seconds a candidate of ``engines`` engines will take, from those measured so far.
 
-    The default always runs; another starts only when elapsed + this fits the budget. Engines
-    start one after another, so start-up scales with their count; the fastest start per engine
-    seen is used, since the first candidate also pays the cold caches (on one H200: 205 s to up
-    for two engines cold, 126 s warm, 65 s for one warm engine). Measuring and stopping: the mean.
+    The default always runs; another starts only when elapsed + this fits the budget. Start-up is
+    scaled with the engine count: exact for engines that start one after another (sharing a GPU whose
+    memory each measures), an upper bound where they start together (CPU, fixed KV cache); the
+    fastest start per engine seen is used, since the first candidate also pays the cold caches (on
+    one H200: 205 s to up for two engines cold, 126 s warm, 65 s for one warm engine). Measuring
+    and stopping: the mean.
     """
     per_engine = min(s.start_s / max(s.engines, 1) for s in spent)
     rest = sum(s.wall_s - s.start_s for s in spent) / len(spent)
