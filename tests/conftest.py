@@ -2,16 +2,20 @@
 the chat pages on it, and the ordering that runs tests which break the engine last.
 
 Starting vLLM costs 1-2 minutes on two cores, so every test that needs an engine shares
-this one. Tests that break it (kill, restart) are marked ``destructive`` and run last. The
-helpers these fixtures use live in ``tests/support`` (on the path via ``pythonpath``).
+this one, launched as soon as the tests are collected (``support.early``: it starts while the
+tests that need none run). Tests that break it (kill, restart) are marked ``destructive`` and
+run last, the container tests after them. The helpers these
+fixtures use live in ``tests/support`` (on the path via ``pythonpath``).
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.early import launch_early, launched_early, stop_untaken, take, uses
 from support.page import SMALL_CONTEXT, start_page
 from support.ports import free_port
 from support.services import BackendProcess, Engine
@@ -19,13 +23,18 @@ from support.services import BackendProcess, Engine
 from backend.runtime.up import ChatPage
 
 
+@launched_early("engine")
+def launch_engine() -> Engine:
+    run_dir = Path(tempfile.mkdtemp(prefix="erniechat-test-engine-"))
+    return Engine(run_dir=run_dir, port=free_port(), served_name="demo", process=BackendProcess([], {})).launch()
+
+
 @pytest.fixture(scope="session")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    run_dir = tmp_path_factory.mktemp("engine-run")
-    eng = Engine(run_dir=run_dir, port=free_port(), served_name="demo", process=BackendProcess([], {}))
-    eng.start()
+def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
+    eng = take(request, launch_engine)
+    eng.process.wait_for_line("ready:")
     yield eng
-    eng.process.stop()
+    eng.stop()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -35,13 +44,26 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Destructive tests last, in their ``order`` (kill-and-restart first, final shutdown last)."""
+    """Destructive tests after the others, in their ``order`` (kill-and-restart first, final
+    shutdown last); the container tests at the very end, so their image builds beside the rest."""
 
     def key(item: pytest.Item) -> tuple[int, int]:
+        if uses(item, "image"):
+            return (2, 0)
         mark = item.get_closest_marker("destructive")
         return (0, 0) if mark is None else (1, int(mark.kwargs.get("order", 50)))
 
     items.sort(key=key)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Launch what collected tests will wait for while the first tests run (``support.early``):
+    the session's engine, the router's pair of engines, the demo image's build."""
+    launch_early(session)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    stop_untaken(config)
 
 
 @pytest.fixture(scope="session")

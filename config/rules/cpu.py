@@ -76,10 +76,11 @@ def set_engines(work: CpuWork) -> None:
 
 
 def set_environment(work: CpuWork) -> None:
-    work.draft.values["environment"] = {"VLLM_CPU_OMP_THREADS_BIND": "auto"}
+    work.draft.values["environment"] = {"VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_USE_AOT_COMPILE": "0"}
     work.draft.reasons["environment"] = (
-        f"vllm-cpu binds one OpenMP thread per core it may use ({work.hardware.node.cpu_cores} here); the KV cache "
-        "is passed as --kv-cache-memory-bytes, so vLLM's own RAM-fraction check does not apply"
+        f"one OpenMP thread per core vllm-cpu may use ({work.hardware.node.cpu_cores} here); no AOT compile: "
+        "vllm-cpu 0.32 fails to load that cache and compiles again, its own cache loads (engine init 12-14 s, "
+        "not 18-20 s: BENCHMARKS.md#start-up-and-warm-up)"
     )
 
 

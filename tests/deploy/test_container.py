@@ -3,13 +3,11 @@
 No registry image can be pulled here, so the image is built as ``bash deploy/build.sh
 --offline`` builds it: a base made from Debian's packages and wheels downloaded on this host,
 both kept between runs (podman's layer cache and ``~/.cache/erniechat``), so only the first
-run on a machine pays for them. Then, from outside the container and through the published
+run on a machine pays for them; the build starts in the background once the tests are
+collected, and these tests run last (``support.early``). Then, from outside the container and through the published
 port only: the exposed page refuses to start without login; with login (from a mounted
 settings file) it answers, refuses a socket without the login cookie, streams a reply to one
 with it; the health check (``status``) turns healthy; ``podman stop`` ends everything.
-
-This machine's podman needs runc, the cgroupfs manager, explicit ulimits and chroot build
-isolation: those live in this test's own containers.conf, not in the Containerfile.
 """
 
 from __future__ import annotations
@@ -17,76 +15,41 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+from support.early import launched_early, take
+from support.image import ImageBuild, Podman, can_build, podman_here
 from support.ports import free_port
-from support.services import ROOT
 
 from backend.page_client import PageError, PageSession
 
 PASSWORD = "tulip-orbit-canvas-41"
 """A login password the page takes beyond loopback."""
 
-IMAGE = "localhost/erniechat-test:cpu"
-BUILD_TIMEOUT_S = 2400  # a fresh machine: base image, ~1 GB of wheels, the venv layer
 READY_TIMEOUT_S = 900
-CONTAINERS_CONF = """\
-[containers]
-default_ulimits = ["nofile=20000:20000", "nproc=16384:16384"]
-[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-"""
-
-
-@dataclass
-class Podman:
-    env: dict[str, str]
-
-    def __call__(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout)
-        if check and done.returncode != 0:
-            raise AssertionError(f"podman {' '.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}")
-        return done
 
 
 @pytest.fixture(scope="module")
-def podman(tmp_path_factory: pytest.TempPathFactory) -> Podman:
-    if shutil.which("podman") is None or shutil.which("mmdebstrap") is None:
-        pytest.fail("podman and mmdebstrap are needed: bash scripts/setup.sh --test installs them")
-    conf = tmp_path_factory.mktemp("podman") / "containers.conf"
-    conf.write_text(CONTAINERS_CONF)
-    return Podman({**os.environ, "CONTAINERS_CONF": str(conf), "BUILDAH_ISOLATION": "chroot"})
+def podman() -> Podman:
+    return podman_here()
+
+
+if not os.environ.get("ERNIECHAT_TEST_IMAGE") and can_build():
+    launched_early("image")(ImageBuild.start)
 
 
 @pytest.fixture(scope="module")
-def image(podman: Podman) -> str:
-    """Build (cached: seconds when nothing changed) and report the time and size.
+def image(request: pytest.FixtureRequest) -> str:
+    """The image whose build started once the tests were collected (seconds when nothing changed);
     ERNIECHAT_TEST_IMAGE=NAME runs the tests on an image built before, without building."""
     if prebuilt := os.environ.get("ERNIECHAT_TEST_IMAGE"):
         return prebuilt
-    t0 = time.monotonic()
-    done = subprocess.run(
-        ["bash", "deploy/build.sh", "--offline", "--tag", IMAGE],
-        cwd=ROOT,
-        env=podman.env,
-        capture_output=True,
-        text=True,
-        timeout=BUILD_TIMEOUT_S,
-    )
-    assert done.returncode == 0, f"the image build failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
-    size = int(podman("image", "inspect", "--format", "{{.Size}}", IMAGE).stdout.strip())
-    print(f"\nimage {IMAGE}: built in {time.monotonic() - t0:.0f} s, {size / 2**30:.2f} GiB")
-    return IMAGE
+    return take(request, ImageBuild.start).image()
 
 
 def container_processes(container_id: str) -> list[str]:

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from typing import Any
 import httpx
 import pytest
 from support.app_client import ChatClient, footer_of
+from support.early import launched_early, take
 from support.page import start_page
 from support.ports import free_port, free_run
 from support.services import ROOT, BackendProcess, backend_env
@@ -116,14 +118,31 @@ class Pair:
     serve: BackendProcess
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    run_dir = tmp_path_factory.mktemp("routed")
+@dataclass
+class RoutedStart:
+    serve: BackendProcess
+    run_dir: Path
+    port: int
+
+    def stop(self) -> None:
+        self.serve.stop()
+
+
+@launched_early("pair")
+def launch_pair() -> RoutedStart:
+    run_dir = Path(tempfile.mkdtemp(prefix="erniechat-test-routed-"))
     port = free_run(4)  # the router, two engines after it, the router's metrics after them
     serve = BackendProcess(
         ["serve", "--model", "demo", "--engine-port", str(port), "--users", "4", "--set", "engines_per_gpu=2"],
         backend_env(run_dir),
     ).start()
+    return RoutedStart(serve, run_dir, port)
+
+
+@pytest.fixture(scope="module")
+def pair(request: pytest.FixtureRequest) -> Iterator[Pair]:
+    launched = take(request, launch_pair)
+    serve, run_dir, port = launched.serve, launched.run_dir, launched.port
     try:
         serve.wait_for_line("ready:")
         status = read_status(run_dir)

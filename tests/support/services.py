@@ -156,12 +156,19 @@ class Engine:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def start(self) -> None:
+    def launch(self) -> Engine:
+        """Start ``serve`` without waiting (``support.early``)."""
         self.process = BackendProcess(
             ["serve", "--model", "demo", "--engine-port", str(self.port), "--users", "4"],
             backend_env(self.run_dir),
         ).start()
-        self.process.wait_for_line("ready:")
+        return self
+
+    def start(self) -> None:
+        self.launch().process.wait_for_line("ready:")
 
     def alive(self) -> bool:
         return bool(self.process.proc and self.process.proc.poll() is None)
+
+    def stop(self) -> None:
+        self.process.stop()
