@@ -4,13 +4,12 @@ the chat pages on it, and the ordering that runs tests which break the engine la
 Starting vLLM costs 1-2 minutes on two cores, so every test that needs an engine shares
 this one, launched as soon as the tests are collected (``support.early``: it starts while the
 tests that need none run). Tests that break it (kill, restart) are marked ``destructive`` and
-run last, the container tests after them. The helpers these
-fixtures use live in ``tests/support`` (on the path via ``pythonpath``).
+run last, the container tests after them. The helpers these fixtures use live in
+``tests/support`` (on the path via ``pythonpath``).
 """
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,8 +23,8 @@ from backend.runtime.up import ChatPage
 
 
 @launched_early("engine")
-def launch_engine() -> Engine:
-    run_dir = Path(tempfile.mkdtemp(prefix="erniechat-test-engine-"))
+def launch_engine(tmp: pytest.TempPathFactory) -> Engine:
+    run_dir = tmp.mktemp("engine-run")
     return Engine(run_dir=run_dir, port=free_port(), served_name="demo", process=BackendProcess([], {})).launch()
 
 

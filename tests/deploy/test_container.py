@@ -4,9 +4,9 @@ No registry image can be pulled here, so the image is built as ``bash deploy/bui
 --offline`` builds it: a base made from Debian's packages and wheels downloaded on this host,
 both kept between runs (podman's layer cache and ``~/.cache/erniechat``), so only the first
 run on a machine pays for them; the build starts in the background once the tests are
-collected, and these tests run last (``support.early``). Then, from outside the container and through the published
-port only: the exposed page refuses to start without login; with login (from a mounted
-settings file) it answers, refuses a socket without the login cookie, streams a reply to one
+collected, and these tests run last (``support.early``). Then, from outside the container and
+through the published port only: the exposed page refuses to start without login; with login
+(from a mounted settings file) it answers, refuses a socket without the login cookie, streams a reply to one
 with it; the health check (``status``) turns healthy; ``podman stop`` ends everything.
 """
 
@@ -35,8 +35,8 @@ READY_TIMEOUT_S = 900
 
 
 @pytest.fixture(scope="module")
-def podman() -> Podman:
-    return podman_here()
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Podman:
+    return podman_here(tmp_path_factory)
 
 
 if not os.environ.get("ERNIECHAT_TEST_IMAGE") and can_build():

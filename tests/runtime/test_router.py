@@ -19,7 +19,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -129,8 +128,8 @@ class RoutedStart:
 
 
 @launched_early("pair")
-def launch_pair() -> RoutedStart:
-    run_dir = Path(tempfile.mkdtemp(prefix="erniechat-test-routed-"))
+def launch_pair(tmp: pytest.TempPathFactory) -> RoutedStart:
+    run_dir = tmp.mktemp("routed")
     port = free_run(4)  # the router, two engines after it, the router's metrics after them
     serve = BackendProcess(
         ["serve", "--model", "demo", "--engine-port", str(port), "--users", "4", "--set", "engines_per_gpu=2"],

@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from backend.runtime.processes.groups import stop_group
 from support.services import ROOT
 
 IMAGE = "localhost/erniechat-test:cpu"
@@ -46,11 +46,11 @@ class Podman:
         return done
 
 
-def podman_here() -> Podman:
+def podman_here(tmp: pytest.TempPathFactory) -> Podman:
     """Podman with this machine's settings; fails the test when podman or mmdebstrap is missing."""
     if not can_build():
         pytest.fail("podman and mmdebstrap are needed: bash scripts/setup.sh --test installs them")
-    conf = Path(tempfile.mkdtemp(prefix="erniechat-podman-")) / "containers.conf"
+    conf = tmp.mktemp("podman") / "containers.conf"
     conf.write_text(CONTAINERS_CONF)
     return Podman({**os.environ, "CONTAINERS_CONF": str(conf), "BUILDAH_ISOLATION": "chroot"})
 
@@ -66,8 +66,8 @@ class ImageBuild:
     """Wall-clock time of the start (the log's last write tells the end)."""
 
     @classmethod
-    def start(cls) -> ImageBuild:
-        podman = podman_here()
+    def start(cls, tmp: pytest.TempPathFactory) -> ImageBuild:
+        podman = podman_here(tmp)
         log = Path(podman.env["CONTAINERS_CONF"]).with_name("build.log")
         with log.open("w") as out:
             proc = subprocess.Popen(
@@ -100,12 +100,7 @@ class ImageBuild:
     def stop(self) -> None:
         """End a build still running (the session ended before any container test needed it)."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait(10)
+            stop_group(self.proc.pid, grace_s=60, reap=self.proc.poll)
 
 
 def can_build() -> bool:
