@@ -5,8 +5,10 @@ on first use), once per replica, and the first request with sampling (the page's
 temperature / top-p) after greedy-only requests x4-5 again: each request path compiles its
 own kernels. So every path a request can take is warmed: chat and plain completions,
 streamed and not, greedy and with the page's sampling (:data:`KINDS`); short, medium and
-long prompts; alone, at the planned concurrency, and a full prefill chunk of concurrent
-medium prompts; until every replica has answered. Each request must return tokens. The
+long prompts, once each on the page's path (a prompt's length shapes the engine's kernels,
+not the path it came by: on CPU each of the 8 paths' long prompt cost a second); alone, at
+the planned concurrency, and a full prefill chunk of concurrent medium prompts; until every
+replica has answered. Each request must return tokens. The
 record (first against steady first-token latency, per path) also sets the chat page's
 first-token timeout.
 """
@@ -88,8 +90,7 @@ async def warm_up(
         shapes = [("short", 12), ("medium", med_words), ("long", long_words)]
         for i, (shape, words) in enumerate(shapes):
             say(f"{shape} prompt", 0.1 + 0.1 * i)
-            for kind in KINDS:
-                await one(shape, words, kind)
+            await one(shape, words)  # a prompt's length shapes the engine's kernels, whatever its path
 
         concurrency = max(1, min(plan.max_num_seqs, max(users, 2 * replicas)))
         # a full prefill chunk of concurrent medium prompts (the first bench level's cold tail)
