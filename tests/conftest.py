@@ -17,7 +17,7 @@ import pytest
 from support.early import launch_early, launched_early, stop_untaken, take, uses
 from support.page import SMALL_CONTEXT, start_page
 from support.ports import free_port
-from support.services import BackendProcess, Engine
+from support.services import ROOT, BackendProcess, Engine
 
 from backend.runtime.up import ChatPage
 
@@ -36,15 +36,47 @@ def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
     eng.stop()
 
 
+LANES = ("shared", "apart")
+"""``scripts/test.sh`` runs the suite as two pytest processes at once, one per lane (``--lane``): an
+engine's start is mostly one core importing and compiling, a test mostly waits on one, so two at a
+time keep both cores busy. "shared": the session's engine and every test on it; "apart": the tests
+that start engines, nodes or the image of their own (``APART``), none of which uses that engine."""
+APART = frozenset(
+    {
+        "tests/runtime/test_multinode.py",
+        "tests/runtime/test_router.py",
+        "tests/deploy/test_container.py",
+        "tests/config/test_planner.py",
+        "tests/page/test_auth.py",
+        "tests/page/test_app.py",
+    }
+)
+
+
+def lane_of(item: pytest.Item) -> str:
+    """The lane a test runs in: "apart" for a test of ``APART`` that does not use the session's engine."""
+    apart = item.path.relative_to(ROOT).as_posix() in APART and not uses(item, "engine")
+    return LANES[1] if apart else LANES[0]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--lane", choices=LANES, help="run only this lane's tests (scripts/test.sh runs both at once)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "destructive(order=N): breaks the shared engine; runs after all other tests, by order"
     )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Destructive tests after the others, in their ``order`` (kill-and-restart first, final
-    shutdown last); the container tests at the very end, so their image builds beside the rest."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Only the ``--lane``'s tests, if one is given; destructive tests after the others, in their
+    ``order`` (kill-and-restart first, final shutdown last); the container tests at the very end, so
+    their image builds beside the rest."""
+    lane = config.getoption("lane")
+    if lane:
+        config.hook.pytest_deselected(items=[item for item in items if lane_of(item) != lane])
+        items[:] = [item for item in items if lane_of(item) == lane]
 
     def key(item: pytest.Item) -> tuple[int, int]:
         if uses(item, "image"):

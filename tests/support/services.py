@@ -58,8 +58,16 @@ def clear_settings_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name)
 
 
+EAGER = '["--enforce-eager"]'
+"""``engine.extra_args`` of the engines a test starts for itself: compiling the model's graph costs a
+start 12 s with a warm cache and 30-80 s on one core with a cold one (each plan its own), and a test of
+restarts, nodes, routing or the page needs none of it. The session's engine, the one every other test
+uses, and tune's run the plan as planned (``planned_env``)."""
+
+
 def backend_env(run_dir: Path, **extra: str) -> dict[str, str]:
-    """Environment for a ``python -m backend`` child: its own run dir, the shared demo model."""
+    """Environment for a ``python -m backend`` child: its own run dir, the shared demo model, engines
+    eager (``EAGER``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_ENV_PREFIX)}
     env.update(
         PYTHONPATH=str(ROOT),
@@ -67,9 +75,15 @@ def backend_env(run_dir: Path, **extra: str) -> dict[str, str]:
         ERNIECHAT_ENGINE__RUN_DIR=str(run_dir),
         ERNIECHAT_ENGINE__PYTHON=ENGINE_PYTHON,
         ERNIECHAT_MODEL__DEMO_DIR=str(DEMO_DIR),
+        ERNIECHAT_ENGINE__EXTRA_ARGS=EAGER,
     )
     env.update(extra)
     return env
+
+
+def planned_env(run_dir: Path) -> dict[str, str]:
+    """``backend_env`` with the engines as planned: compiled, no extra flags."""
+    return backend_env(run_dir, ERNIECHAT_ENGINE__EXTRA_ARGS="[]")
 
 
 @dataclass
@@ -160,7 +174,7 @@ class Engine:
         """Start ``serve`` without waiting (``support.early``)."""
         self.process = BackendProcess(
             ["serve", "--model", "demo", "--engine-port", str(self.port), "--users", "4"],
-            backend_env(self.run_dir),
+            planned_env(self.run_dir),
         ).start()
         return self
 
