@@ -8,9 +8,8 @@ streamed and not, greedy and with the page's sampling (:data:`KINDS`); short, me
 long prompts, once each on the page's path (a prompt's length shapes the engine's kernels,
 not the path it came by: on CPU each of the 8 paths' long prompt cost a second); alone, at
 the planned concurrency, and a full prefill chunk of concurrent medium prompts; until every
-replica has answered. Each request must return tokens. The
-record (first against steady first-token latency, per path) also sets the chat page's
-first-token timeout.
+replica has answered. Each request must return tokens. The record (first against steady
+first-token latency, per path) also sets the chat page's first-token timeout.
 """
 
 from __future__ import annotations

