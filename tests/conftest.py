@@ -75,8 +75,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     their image builds beside the rest."""
     lane = config.getoption("lane")
     if lane:
-        config.hook.pytest_deselected(items=[item for item in items if lane_of(item) != lane])
-        items[:] = [item for item in items if lane_of(item) == lane]
+        ours = {item.nodeid for item in items if lane_of(item) == lane}
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in ours])
+        items[:] = [item for item in items if item.nodeid in ours]
 
     def key(item: pytest.Item) -> tuple[int, int]:
         if uses(item, "image"):
