@@ -6,7 +6,9 @@ and every surface (terminal, status, chat page) says so loudly.
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +70,40 @@ def _from_hub(model_id: str, revision: str | None) -> str:
         ) from None
 
 
+WEIGHTS_FIX = "download the model again (or copy its *.safetensors files whole), or use --model demo"
+
+
+def damaged_weights(directory: Path) -> str | None:
+    """Why a ``*.safetensors`` file of ``directory`` cannot be loaded, else None. Reads each file's
+    header only: a file cut short or not safetensors is named here, in a second, instead of by vLLM
+    after its start (tens of seconds, more on a GPU)."""
+    for path in sorted(directory.glob("*.safetensors")):
+        if why := _unloadable(path):
+            return f"{path.name} is damaged (cut short or not safetensors: {why}): {WEIGHTS_FIX}"
+    return None
+
+
+def _unloadable(path: Path) -> str | None:
+    """What is wrong with one safetensors file: an 8-byte header length, a JSON header, then exactly
+    the bytes its tensors' offsets cover."""
+    size = path.stat().st_size
+    if size < 8:
+        return f"{size} bytes, less than a header"
+    with path.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        if length > size - 8:
+            return f"its header wants {length} bytes, the file holds {size}"
+        raw = f.read(length)
+    try:
+        header = json.loads(raw)
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
+        return f"its header is not a safetensors header ({type(err).__name__})"
+    if 8 + length + end != size:
+        return f"its tensors need {8 + length + end} bytes, the file holds {size}"
+    return None
+
+
 def resolve_model(settings: Settings) -> ResolvedModel:
     """The local path to serve, or ModelReadError when nothing can be served."""
     model_id = settings.model.id
@@ -81,6 +117,8 @@ def resolve_model(settings: Settings) -> ResolvedModel:
     if local.exists():
         if not (local / "config.json").is_file():
             raise ModelReadError(f"model '{model_id}': no config.json in that directory")
+        if why := damaged_weights(local):
+            raise ModelReadError(f"model '{model_id}': {why}")
         from backend.demo.checkpoint import is_demo_model
 
         return ResolvedModel(str(local.resolve()), demo=is_demo_model(local))
@@ -88,9 +126,12 @@ def resolve_model(settings: Settings) -> ResolvedModel:
     if why:
         raise ModelReadError(f"model '{model_id}': {why}")
     try:
-        return ResolvedModel(_from_hub(model_id, settings.model.revision), demo=False)
+        path = _from_hub(model_id, settings.model.revision)
     except ModelReadError as err:
         if not settings.model.demo_fallback:
             raise
         note = f"{err}; serving the built-in DEMO model (random weights, answers are noise)"
         return ResolvedModel(str(ensure_demo(settings)), demo=True, note=note)
+    if why := damaged_weights(Path(path)):
+        raise ModelReadError(f"model '{model_id}': {why}")
+    return ResolvedModel(path, demo=False)

@@ -28,7 +28,15 @@ from support.app_client import FOOTER, ChatClient, footer_of
 from support.held import held, open_streams, wait_for_streams
 from support.page import page_processes
 from support.ports import free_port
-from support.services import ABANDONED_REPLY_S, BackendProcess, Engine, backend_env, clear_settings_env
+from support.services import (
+    ABANDONED_REPLY_S,
+    BackendProcess,
+    Engine,
+    backend_env,
+    clear_settings_env,
+    status_of,
+    tmp_dir_of,
+)
 from support.waiting import group_gone, until_async
 
 from backend.engine_api import ChatResult, fetch_metrics, total
@@ -901,19 +909,27 @@ def test_history_is_trimmed_to_the_context_and_a_too_long_message_is_refused(
 def test_engine_killed_mid_reply_comes_back_and_the_page_answers_and_retries(
     chainlit_app: ChatPage, engine: Engine
 ) -> None:
-    """The engine dies while a reply streams: that reply fails saying the engine is being restarted,
-    with Retry; ``serve`` restarts the engine; a message sent meanwhile waits with live progress and
-    is answered; Retry then answers the failed one. Nobody restarts anything by hand."""
+    """The plan's only engine dies while a reply streams: ``serve`` says so in ``status`` within 2 s (the
+    run is starting again, so new messages wait) and restarts it with a fresh temporary directory; that
+    reply fails saying the engine is being restarted, with Retry; a message sent meanwhile waits with
+    live progress and is answered; Retry then answers the failed one. Nobody restarts anything by hand."""
 
     async def run() -> None:
         async with ChatClient(chainlit_app.url) as tab:
             assert footer_of(await tab.ask("Before the crash."))[1] > 0
             vllm = groups_of("vllm.entrypoints", f"--port {engine.port}")
-            assert len(vllm) == 1, vllm
+            before = status_of(engine.run_dir).engine_pid
+            assert len(vllm) == 1 and before in vllm, (vllm, before)
+            own = tmp_dir_of(before)
             await tab.set_settings(max_tokens=2000)
             mid = await tab.send("Tell me a long story.")
             await tab.wait_for(lambda: (r := tab.reply_to(mid)) and tab.tokens.get(r["id"], 0) > 0, 120)
-            os.killpg(next(iter(vllm)), signal.SIGKILL)
+            os.killpg(before, signal.SIGKILL)
+            killed = time.monotonic()
+            while not ((now := status_of(engine.run_dir)).state == "starting" and "exited (code -9)" in now.detail):
+                assert time.monotonic() - killed < 2.0, f"status still said {now.state}: {now.detail}"
+                await asyncio.sleep(0.05)
+            assert "restarting it (1 of 3)" in now.detail, now.detail
             await tab.wait_for(lambda: mid in tab.finished, 60)
             error = tab.reply_to(mid)
             assert error and "⚠️" in error["output"] and "dropped the connection mid-reply" in error["output"], error
@@ -933,7 +949,12 @@ def test_engine_killed_mid_reply_comes_back_and_the_page_answers_and_retries(
             assert "ready; answering" in shown[-1], shown
             assert footer_of(tab.reply_to(waiting) or {"output": ""})[1] > 0
             assert engine.alive(), "serve stopped instead of restarting its engine"
-            assert "the engine is back (restart 1)" in engine.process.output()
+            out = engine.process.output()
+            assert "note: the engine exited (code -9); restarting it (restart 1 of 3 within 10 min)" in out, out
+            assert "the engine is back (restart 1)" in out
+            after = status_of(engine.run_dir)
+            assert after.state == "ready" and after.engine_pid not in (None, before)
+            assert not own.exists(), "a killed engine's socket and rendezvous files were left behind"
 
             # Retry on the failed reply resends the kept message
             await tab.click(retry[0])

@@ -3,12 +3,14 @@ loudly. A path that does not exist is a typo to report, never a reason to serve 
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 
 import pytest
 from support.services import DEMO_DIR, ENGINE_PYTHON, clear_settings_env
 
-from backend.runtime.resolve import resolve_model
+from backend.runtime.resolve import damaged_weights, resolve_model
 from config.errors import ModelReadError
 from config.settings import Settings, load_settings
 
@@ -74,3 +76,43 @@ def test_a_relative_demo_dir_is_the_callers(offline: Settings, tmp_path: Path) -
     offline.model.id = "demo"
     resolved = resolve_model(offline)
     assert Path(resolved.path) == tmp_path / "rel-demo" and (tmp_path / "rel-demo" / "config.json").is_file()
+
+
+def safetensors_bytes() -> bytes:
+    """A valid safetensors file: one float32 tensor of 4 values."""
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    return struct.pack("<Q", len(header)) + header + bytes(16)
+
+
+GOOD = safetensors_bytes()
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (GOOD[:-5], f"its tensors need {len(GOOD)} bytes, the file holds {len(GOOD) - 5}"),
+        (GOOD + b"x", f"its tensors need {len(GOOD)} bytes, the file holds {len(GOOD) + 1}"),
+        (GOOD[:20], f"its header wants {len(GOOD) - 24} bytes, the file holds 20"),
+        (b"<html>", "6 bytes, less than a header"),
+        (struct.pack("<Q", 3) + b"[1]", "its header is not a safetensors header (AttributeError)"),
+        (struct.pack("<Q", 4) + b"{x}!", "its header is not a safetensors header (JSONDecodeError)"),
+    ],
+    ids=["cut-short", "a-byte-more", "header-cut", "not-safetensors", "header-not-a-mapping", "header-not-json"],
+)
+def test_a_damaged_weights_file_is_named_before_any_engine_starts(
+    offline: Settings, tmp_path: Path, content: bytes, why: str
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "a.safetensors").write_bytes(GOOD)
+    (model / "b.safetensors").write_bytes(content)
+    assert damaged_weights(model) == (
+        f"b.safetensors is damaged (cut short or not safetensors: {why}): "
+        "download the model again (or copy its *.safetensors files whole), or use --model demo"
+    )
+    offline.model.id = str(model)
+    with pytest.raises(ModelReadError, match=f"model '{model}': b.safetensors is damaged"):
+        resolve_model(offline)
+    (model / "b.safetensors").write_bytes(GOOD)
+    assert damaged_weights(model) is None and resolve_model(offline).path == str(model.resolve())

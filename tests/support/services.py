@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from backend.runtime.processes import child_tmp
+from backend.runtime.processes.groups import start_time
 from backend.runtime.status import EngineStatus, read_status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,6 +36,23 @@ def status_of(run_dir: Path) -> EngineStatus:
     status = read_status(run_dir)
     assert status is not None, f"no status in {run_dir}"
     return status
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    """Process ``pid``'s environment, as it was started."""
+    return dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in item)
+
+
+def tmp_dir_of(pid: int) -> Path:
+    """The engine process ``pid``'s own temporary directory; vLLM's sockets and rendezvous file must be
+    there, not in /tmp, and torch's compile cache where it always is."""
+    env = environ_of(pid)
+    path = Path(env["TMPDIR"])
+    assert path.name.startswith(child_tmp.PREFIX) and env["VLLM_RPC_BASE_PATH"] == str(path)
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == child_tmp.inductor_cache_dir()
+    assert any(p.is_socket() for p in path.iterdir()) and any(path.glob("vllm_dist_*")), sorted(path.iterdir())
+    assert child_tmp.read_owner(path) == (pid, start_time(pid))
+    return path
 
 
 def run_backend(run_dir: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
