@@ -80,13 +80,14 @@ def clear_settings_env(monkeypatch: pytest.MonkeyPatch) -> None:
 EAGER = '["--enforce-eager"]'
 """``engine.extra_args`` of the engines a test starts for itself: compiling the model's graph costs a
 start 12 s with a warm cache and 30-80 s on one core with a cold one (each plan its own), and a test of
-restarts, nodes, routing or the page needs none of it. The session's engine, the one every other test
-uses, and tune's run the plan as planned (``planned_env``)."""
+restarts, nodes, routing or the page needs none of it. Nor does it need the warm-up (39 requests, 7 s
+on two idle cores): those engines start without (``engine.warmup`` false). The session's engine, the one
+every other test uses, and tune's run the plan as planned, warm-up included (``planned_env``)."""
 
 
 def backend_env(run_dir: Path, **extra: str) -> dict[str, str]:
     """Environment for a ``python -m backend`` child: its own run dir, the shared demo model, engines
-    eager (``EAGER``)."""
+    eager and not warmed (``EAGER``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_ENV_PREFIX)}
     env.update(
         PYTHONPATH=str(ROOT),
@@ -95,13 +96,14 @@ def backend_env(run_dir: Path, **extra: str) -> dict[str, str]:
         ERNIECHAT_ENGINE__PYTHON=ENGINE_PYTHON,
         ERNIECHAT_MODEL__DEMO_DIR=str(DEMO_DIR),
         ERNIECHAT_ENGINE__EXTRA_ARGS=EAGER,
+        ERNIECHAT_ENGINE__WARMUP="false",
     )
     env.update(extra)
     return env
 
 
-AS_PLANNED = {"ERNIECHAT_ENGINE__EXTRA_ARGS": "[]"}
-"""``backend_env``'s extra settings for engines as planned: compiled, no extra flags."""
+AS_PLANNED = {"ERNIECHAT_ENGINE__EXTRA_ARGS": "[]", "ERNIECHAT_ENGINE__WARMUP": "true"}
+"""``backend_env``'s extra settings for engines as planned: compiled, no extra flags, warmed."""
 
 
 def planned_env(run_dir: Path) -> dict[str, str]:
