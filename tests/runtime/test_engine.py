@@ -106,11 +106,14 @@ def test_a_directory_whose_owner_and_child_are_gone_is_removed_and_no_other(tmp_
         os.utime(path, (time.time() - 2 * age,) * 2)
     os.utime(long_gone, (time.time() - 2 * child_tmp.FOREIGN_ABANDONED_S,) * 2)
     hold = (
-        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
-        "print(1, flush=True); time.sleep(600)"
+        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); "
+        "fcntl.flock(fd, getattr(fcntl, sys.argv[2])); print(1, flush=True); time.sleep(600)"
     )
-    holders = [subprocess.Popen([sys.executable, "-c", hold, str(p)], stdout=subprocess.PIPE, text=True)
-               for p in (elsewhere, making)]  # fmt: skip
+    # the owners of elsewhere and making; and another process probing gone at this moment, held up
+    # there (a busy machine): a probe is no owner
+    held = ((elsewhere, "LOCK_EX"), (making, "LOCK_EX"), (gone, "LOCK_SH"))
+    holders = [subprocess.Popen([sys.executable, "-c", hold, str(p), how], stdout=subprocess.PIPE, text=True)
+               for p, how in held]  # fmt: skip
     try:
         assert all(h.stdout and h.stdout.readline() == "1\n" for h in holders)
         assert child_tmp.locked(elsewhere) and not child_tmp.locked(gone)

@@ -141,10 +141,11 @@ def pid_namespace() -> str:
         return ""
 
 
-def locked(path: Path, tries: int = 3) -> bool:
-    """Whether a process holds ``path``'s lock (its owner, alive). Probing takes it for an instant, so
-    a lock found held is tried again: another start probing at the same moment lets go at once, an
-    owner never. Fails safe: a directory that cannot be opened, but is there, counts as locked."""
+def locked(path: Path) -> bool:
+    """Whether a process holds ``path``'s lock (its owner, alive: an exclusive ``flock``). Probing asks
+    for a shared one, which other probes share: however many processes look at once (every chat page
+    reads the status, which looks for a killed start's engine), none takes another's probe for an owner.
+    Fails safe: a directory that cannot be opened, but is there, counts as locked."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except (FileNotFoundError, NotADirectoryError):
@@ -152,13 +153,9 @@ def locked(path: Path, tries: int = 3) -> bool:
     except OSError as err:
         return err.errno != errno.ELOOP  # a link is no directory of ours; anything else: cannot tell
     try:
-        for attempt in range(tries):
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return False
-            except BlockingIOError:
-                if attempt < tries - 1:
-                    time.sleep(0.01)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
         return True
     finally:
         os.close(fd)
