@@ -13,6 +13,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from backend.runtime.components.logwatch import WEIGHTS_FIX
 from config.model import ModelReadError
 from config.model.hub import not_cached, offline_reason
 from config.model.reading import not_found
@@ -70,7 +71,9 @@ def _from_hub(model_id: str, revision: str | None) -> str:
         ) from None
 
 
-WEIGHTS_FIX = "download the model again (or copy its *.safetensors files whole), or use --model demo"
+HEADER_LIMIT = 100_000_000
+"""The largest header safetensors reads (its own limit): a bigger length is no safetensors file, and
+reading it would take that much memory."""
 
 
 def damaged_weights(directory: Path) -> str | None:
@@ -91,6 +94,8 @@ def _unloadable(path: Path) -> str | None:
         return f"{size} bytes, less than a header"
     with path.open("rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
+        if length > HEADER_LIMIT:
+            return f"its header wants {length} bytes, over safetensors' limit of {HEADER_LIMIT}"
         if length > size - 8:
             return f"its header wants {length} bytes, the file holds {size}"
         raw = f.read(length)

@@ -93,11 +93,20 @@ GOOD = safetensors_bytes()
         (GOOD[:-5], f"its tensors need {len(GOOD)} bytes, the file holds {len(GOOD) - 5}"),
         (GOOD + b"x", f"its tensors need {len(GOOD)} bytes, the file holds {len(GOOD) + 1}"),
         (GOOD[:20], f"its header wants {len(GOOD) - 24} bytes, the file holds 20"),
+        (struct.pack("<Q", 2**40) + bytes(8), f"its header wants {2**40} bytes, over safetensors' limit of 100000000"),
         (b"<html>", "6 bytes, less than a header"),
         (struct.pack("<Q", 3) + b"[1]", "its header is not a safetensors header (AttributeError)"),
         (struct.pack("<Q", 4) + b"{x}!", "its header is not a safetensors header (JSONDecodeError)"),
     ],
-    ids=["cut-short", "a-byte-more", "header-cut", "not-safetensors", "header-not-a-mapping", "header-not-json"],
+    ids=[
+        "cut-short",
+        "a-byte-more",
+        "header-cut",
+        "header-too-big",
+        "not-safetensors",
+        "header-not-a-mapping",
+        "header-not-json",
+    ],
 )
 def test_a_damaged_weights_file_is_named_before_any_engine_starts(
     offline: Settings, tmp_path: Path, content: bytes, why: str

@@ -9,6 +9,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+WEIGHTS_FIX = "download the model again (or copy its *.safetensors files whole), or use --model demo"
+"""What to do about a damaged weights file, found by vLLM (here) or before it starts (``resolve``)."""
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -128,7 +131,7 @@ FATALS: list[tuple[re.Pattern[str], Fatal]] = [
         re.compile(r"SafetensorError|incomplete metadata, file not fully covered|MetadataIncompleteBuffer"),
         Fatal(
             "a weights file of the model is damaged (cut short or not safetensors)",
-            "download the model again (or copy its *.safetensors files whole), or use --model demo",
+            WEIGHTS_FIX,
         ),
     ),
     (
