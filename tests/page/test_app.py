@@ -463,9 +463,7 @@ def test_up_serves_engine_and_page_then_ctrl_c_stops_everything(tmp_path: Path) 
         "--set",
         "page_processes=2",  # the page on two processes behind its port: up warms and stops both
     ]
-    # warmed, as up runs for a user: the page's first-token deadline comes from the warm-up's record
-    # (without one, 15 s, which the first reply of an engine nobody warmed can pass on a busy machine)
-    up = BackendProcess(argv, backend_env(tmp_path / "run", ERNIECHAT_ENGINE__WARMUP="true")).start()
+    up = BackendProcess(argv, backend_env(tmp_path / "run")).start()
     assert up.proc is not None
     groups: dict[int, str] = {}
     try:
