@@ -186,10 +186,8 @@ class Server:
                 self.head.set_state("starting")
             if self.mps:
                 self.supervisor.start(self.mps)
-                self.say(
-                    f"gpu sharing: the {plan.engine_count} engines' kernels run at once through an MPS daemon "
-                    f"of your own (pipe {self.mps.pipe_dir})"
-                )
+                mps = f"the {plan.engine_count} engines' kernels run at once through an MPS daemon of your own"
+                self.say(f"gpu sharing: {mps} (pipe {self.mps.pipe_dir})")
                 self.status.notes.append("the engines share each GPU through MPS (gpu_sharing=mps)")
             # Engines together (CPU ones always, GPU ones when none measures its memory at start), else
             # one per GPU at a time; each wave healthy and warmed before the next (start_waves).
@@ -210,7 +208,7 @@ class Server:
                     e.api_key,
                     e.start_timeout_s,
                     self._on_phase,
-                    self.node_problem,
+                    self.start_problem,
                     on_healthy=lambda engine: self.lower_engine_core(engine, plan),
                 )
                 to_health += time.monotonic() - launch
@@ -291,6 +289,10 @@ class Server:
     def node_problem(self) -> str | None:
         """A node's failure while a split engine starts (its stage is needed); None otherwise."""
         return self.head.problem() if self.head and self.head.split else None
+
+    def start_problem(self) -> str | None:
+        """A node's failure or refusal while this head's engines start: fatal to any plan's start, at once."""
+        return self.head.problem() if self.head else None
 
     def _on_phase(self, phase: Phase) -> None:
         self.update(phase.state, phase.label, phase.progress)

@@ -25,6 +25,7 @@ import pytest
 from support.early import launched_early, take
 from support.image import ImageBuild, Podman, can_build, podman_here
 from support.ports import free_port
+from support.services import EAGER
 
 from backend.page_client import PageError, PageSession
 
@@ -104,6 +105,7 @@ def container(podman: Podman, image: str, tmp_path: Path) -> Iterator[tuple[str,
         "--env", "ERNIECHAT_MODEL__ID=demo",
         "--env", "ERNIECHAT_WORKLOAD__USERS=2",
         "--env", "ERNIECHAT_WORKLOAD__CONTEXT=2048",
+        "--env", f"ERNIECHAT_ENGINE__EXTRA_ARGS={EAGER}",  # a cold compile in every new container
         image,
     )  # fmt: skip
     try:

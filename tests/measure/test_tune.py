@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.services import ROOT, Engine, backend_env, clear_settings_env, planned_env
+from support.services import ROOT, Engine, backend_env, clear_settings_env
 
 from backend.measure.tune.run import Spent, candidate_estimate
 from config.hardware import load_profile
@@ -152,12 +152,12 @@ def test_a_profile_for_another_objective_or_an_invalid_one_is_not_used(
 
 # -- tune, for real ------------------------------------------------------------------------------
 def test_tune_on_this_machine_measures_the_default_and_saves_its_profile(engine: Engine, tmp_path: Path) -> None:
-    """The whole command once: one candidate is one more engine start (about a minute here); the
-    second does not fit the 1 s budget and is skipped, named."""
+    """The whole command once: one candidate is one more engine start (about a minute here, eager as
+    every engine a test starts for itself); the second does not fit the 1 s budget and is skipped, named."""
     out = tmp_path / "tune"
     argv = [sys.executable, "-m", "backend", "tune", "--model", "demo", "--max-candidates", "2"]
     argv += ["--concurrency", "2", "--requests", "4", "--max-tokens", "8", "--time-budget-s", "1", "--out", str(out)]
-    done = subprocess.run(argv, cwd=ROOT, env=planned_env(tmp_path), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(argv, cwd=ROOT, env=backend_env(tmp_path), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "1/2 default" in done.stdout and "best: default" in done.stdout
     report = json.loads((out / "tune.json").read_text())

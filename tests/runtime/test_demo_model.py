@@ -227,8 +227,11 @@ def test_second_run_is_a_no_op(engine: Path, tiny: Path) -> None:
 def test_same_seed_gives_identical_bytes(engine: Path, tiny: Path, tmp_path: Path) -> None:
     again = tmp_path / "again"
     other_seed = tmp_path / "seed1"
-    write_cli(engine, again)
-    write_cli(engine, other_seed, "--seed", "1")
+    # both through the CLI's main, in one process: a process of its own each imports torch again
+    main = "import sys; from backend.demo.checkpoint import main"
+    code = f"{main}; sys.exit(main(sys.argv[1:2]) or main([sys.argv[2], '--seed', '1']))"
+    proc = run_engine(engine, "-c", code, str(again), str(other_seed))
+    assert proc.returncode == 0, proc.stderr
     for name in ("model.safetensors", "tokenizer.json", "config.json"):
         assert (again / name).read_bytes() == (tiny / name).read_bytes(), name
     weights = (tiny / "model.safetensors").read_bytes()

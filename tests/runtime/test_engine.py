@@ -774,7 +774,7 @@ def test_an_engine_a_killed_serve_left_running_is_stopped_by_the_next_start(engi
     meanwhile = read_status(engine.run_dir)
     assert meanwhile is not None and meanwhile.state == "failed"
     assert f"its engine (process group {old.engine_pid}) still runs: the next start stops it" in (meanwhile.error or "")
-    engine.start()
+    engine.restart()
     said = f"stopped the engine left running by a killed start (pid {serve.pid}, process group {old.engine_pid})"
     assert said in engine.process.output(), engine.process.output()[-2000:]
     assert group_gone(old.engine_pid, timeout=5) and not own.exists()

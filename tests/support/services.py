@@ -84,9 +84,10 @@ def clear_settings_env(monkeypatch: pytest.MonkeyPatch) -> None:
 EAGER = '["--enforce-eager"]'
 """``engine.extra_args`` of the engines a test starts for itself: compiling the model's graph costs a
 start 12 s with a warm cache and 30-80 s on one core with a cold one (each plan its own), and a test of
-restarts, nodes, routing or the page needs none of it. Nor does it need the warm-up (39 requests, 7 s
-on two idle cores): those engines start without (``engine.warmup`` false). The session's engine, the one
-every other test uses, and tune's run the plan as planned, warm-up included (``planned_env``)."""
+restarts, nodes, routing, tune, the container or the page needs none of it. Nor does it need the warm-up
+(39 requests, 7 s on two idle cores): those engines start without (``engine.warmup`` false). The
+session's engine, the one every other test uses, runs the plan as planned, compiled and warmed
+(``planned_env``)."""
 
 
 def backend_env(run_dir: Path, **extra: str) -> dict[str, str]:
@@ -200,16 +201,18 @@ class Engine:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def launch(self) -> Engine:
-        """Start ``serve`` without waiting (``support.early``)."""
+    def launch(self, env: dict[str, str] | None = None) -> Engine:
+        """Start ``serve`` as planned (``planned_env``) without waiting (``support.early``)."""
         self.process = BackendProcess(
             ["serve", "--model", "demo", "--engine-port", str(self.port), "--users", "4"],
-            planned_env(self.run_dir),
+            env or planned_env(self.run_dir),
         ).start()
         return self
 
-    def start(self) -> None:
-        self.launch().process.wait_for_line("ready:")
+    def restart(self) -> None:
+        """``serve`` again on the same port and run dir, eager and not warmed (``backend_env``): what a
+        test that killed it checks is that the next start comes up there, not the plan's compile again."""
+        self.launch(backend_env(self.run_dir)).process.wait_for_line("ready:")
 
     def alive(self) -> bool:
         return bool(self.process.proc and self.process.proc.poll() is None)
