@@ -287,7 +287,7 @@ class Server:
         return plan
 
     def node_problem(self) -> str | None:
-        """A node's failure while a split engine starts (its stage is needed); None otherwise."""
+        """A node's failure while a split engine serves (its stage is needed); None otherwise."""
         return self.head.problem() if self.head and self.head.split else None
 
     def start_problem(self) -> str | None:
