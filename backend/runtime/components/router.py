@@ -182,8 +182,9 @@ class Router:
         self.cwd = cwd or log_path.parent
         self.process = self._process()
         self._checks: httpx.Client | None = None
-        """:meth:`health`'s client, kept from one check to the next (``serve`` checks every second): a
-        new one costs about 50 ms of CPU (its TLS context), 5 % of a core."""
+        """:meth:`health`'s client, made at the first check and kept for this Router's life (``serve``
+        checks every second; a new one costs about 50 ms of CPU, its TLS context: 5 % of a core). Not
+        closed by :meth:`stop`: a restart's last check may still be using it from its own thread."""
 
     def _process(self) -> ChildGroup:
         return ChildGroup(self.argv, {}, self.log_path, cwd=self.cwd, own_tmp=OwnTmp("the router"))
@@ -345,9 +346,6 @@ class Router:
     # -- stop ----------------------------------------------------------------------------
     def stop(self, grace_s: float = 10.0) -> None:
         self.process.stop(grace_s)
-        if self._checks is not None:
-            self._checks.close()
-            self._checks = None
 
     def __enter__(self) -> Router:
         return self
