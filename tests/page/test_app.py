@@ -48,7 +48,7 @@ from backend.page.link import EngineLink, Target, prefill_s
 from backend.page.sampling import checked, sampling_from
 from backend.page.stream import stream_reply
 from backend.page_client import user_message
-from backend.runtime.components.engines import ENGINE_CORE_TITLE
+from backend.runtime.components.engines import ENGINE_CORE_TITLE, WORKER_TITLE
 from backend.runtime.processes.groups import group_processes
 from backend.runtime.rundir import RunDir
 from backend.runtime.status import EngineStatus, WarmupRecord, read_status
@@ -482,17 +482,19 @@ def test_up_serves_engine_and_page_then_ctrl_c_stops_everything(tmp_path: Path) 
         assert footer_of(asyncio.run(one_reply()))[1] > 0
         assert "note: the page's first chat failed" not in up.output() and "only one of" not in up.output()
         assert "chat page: 2 processes" in (tmp_path / "run" / "chat-page.log").read_text()
+        engine_group = groups_of("vllm.entrypoints", f"--port {engine_port}")
         groups = {
             os.getpgid(up.proc.pid): "up",
             **groups_of("backend.page.launch", "app.py", str(app_port)),
-            **groups_of("vllm.entrypoints", f"--port {engine_port}"),
+            **engine_group,
         }
         assert len(groups) == 3, groups
         # its worker runs inside the engine core (tests' ONE_PROCESS_WORKER): the core computes, so it is
         # left at normal priority, not lowered to the plan's nice 19 as beside a worker process
-        engine_nice = nice_by_name(next(iter(groups_of("vllm.entrypoints", f"--port {engine_port}"))))
+        engine_nice = nice_by_name(next(iter(engine_group)))
         core = {name: v for name, v in engine_nice.items() if name.startswith(ENGINE_CORE_TITLE)}
-        assert core and all(v == {0} for v in core.values()) and "VLLM::Worker" not in engine_nice, engine_nice
+        assert core and all(v == {0} for v in core.values()), engine_nice
+        assert not any(name.startswith(WORKER_TITLE) for name in engine_nice), engine_nice
         assert "engine core left at normal priority: it runs the model itself" in up.output()
 
         # a page process killed: up starts the page again, pays its first use, and it answers
