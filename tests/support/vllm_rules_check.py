@@ -5,13 +5,15 @@ JSON {id: {"ok": bool, "error": str, "kv_heads_per_rank": int, "layers_per_stage
 "head_size": int, "async_scheduling": bool | None, "cudagraph_mode": str | None,
 "max_cudagraph_capture_size": int | None}}. ``flags``: the engine's command-line flags
 as the project passes them, parsed by vLLM's own ``serve`` parser (what vLLM would run with).
-Imports vLLM once (~16 s), so the test sends every case in one call.
+Imports vLLM once (~16 s), so the test sends every case in one call, and inspects each model class in
+this process (``inspect_here``).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -68,8 +70,22 @@ def serve_parser() -> Any:
     return make_arg_parser(FlexibleArgumentParser())
 
 
+def inspect_here(config_dirs: set[str]) -> None:
+    """Register each architecture of ``config_dirs`` with its class imported here: vLLM inspects an
+    unregistered class in a subprocess that imports vLLM again (8-10 s of CPU per architecture where its
+    cache is cold, as on every fresh machine), to keep CUDA out of the caller; this process uses none."""
+    from vllm import ModelRegistry
+
+    for config_dir in sorted(config_dirs):
+        for arch in json.loads((Path(config_dir) / "config.json").read_text()).get("architectures", []):
+            lazy = ModelRegistry.models.get(arch)
+            if lazy is not None:
+                ModelRegistry.register_model(arch, lazy.load_model_cls())
+
+
 def main() -> None:
     cases = json.load(sys.stdin)
+    inspect_here({c["config_dir"] for c in cases})
     results = {c["id"]: check(c) for c in cases}
     print(json.dumps(results))
 
