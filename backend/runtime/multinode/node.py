@@ -46,7 +46,7 @@ from backend.runtime.multinode.node_identity import (
 )
 from backend.runtime.processes.leftovers import stop_leftovers
 from backend.runtime.resolve import resolve_model
-from config.commands import with_extra_args, worker_argv
+from config.commands import refuse_eager_cpu_pipeline, with_extra_args, worker_argv
 from config.pipeline import planned_as_given
 from config.settings import Settings, is_loopback
 
@@ -207,6 +207,7 @@ def _run_stage(settings: Settings, job: JoinReply, link: HeadLink, model_path: s
     env = {**job.environment, "VLLM_HOST_IP": ip_towards(link.host)}
     if env.get("VLLM_CPU_OMP_THREADS_BIND") == "auto" and resolves_to_loopback(link.host):
         env["VLLM_CPU_OMP_THREADS_BIND"] = core_share(rank, plan.nodes) or "auto"
+    refuse_eager_cpu_pipeline(plan, e.extra_args)
     full_argv = with_extra_args(argv, e.extra_args)
     run_dir = Path(e.run_dir)
     log_path = run_dir / f"engine-node{rank}.log"
