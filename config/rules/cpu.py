@@ -76,11 +76,12 @@ def set_engines(work: CpuWork) -> None:
 
 
 def set_environment(work: CpuWork) -> None:
+    cores = work.hardware.node.cpu_cores
     work.draft.values["environment"] = {"VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_USE_AOT_COMPILE": "0"}
     work.draft.reasons["environment"] = (
-        f"one OpenMP thread per core vllm-cpu may use ({work.hardware.node.cpu_cores} here); no AOT compile: "
-        "vllm-cpu 0.32 fails to load that cache and compiles again, its own cache loads (engine init 12-14 s, "
-        "not 18-20 s: BENCHMARKS.md#start-up-and-warm-up)"
+        f"one bound OpenMP thread per core but the one vLLM keeps for its engine core ({max(cores - 1, 1)} of {cores}"
+        " here; on all: 0.2-0.6x tok/s, BENCHMARKS.md#openmp-threads-on-cpu); no AOT compile: vllm-cpu 0.32 fails"
+        " to load that cache and compiles again (init 12-14 s, not 18-20 s: BENCHMARKS.md#start-up-and-warm-up)"
     )
 
 
