@@ -670,8 +670,8 @@ async def long_reply_held(
     once the page shows it streaming, with the engine held; with the engine's counters from before.
     Until the tab has 5 tokens the engine runs only in steps of 20 ms (a few tokens each): however long
     a busy machine delays the page, the reply cannot end before the test holds it. Each step stops the
-    engine from this thread, not a helper thread, which on a busy machine waited for the GIL while the
-    engine ran on (one step let it write 300 tokens). ``ask``: how the story is asked for (default: sent
+    engine from this thread, not a helper thread, which on a busy machine can wait for the GIL while the
+    engine runs on (one such step let it write over 300 tokens). ``ask``: how the story is asked for (default: sent
     as a message); returns the id its reply answers."""
     await tab.set_settings(temperature=0.0, max_tokens=tokens)
     before = await engine_counts(engine.base_url)
