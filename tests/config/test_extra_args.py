@@ -3,11 +3,12 @@ of two, so the plan shown, and its reasons, would not be what runs."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
-from support.services import clear_settings_env
+from support.services import TRACED, clear_settings_env
 
 from config.commands import engine_argv, with_extra_args
 from config.errors import SettingsError
@@ -78,7 +79,6 @@ def test_the_plans_command_lines_carry_extra_args_and_refuse_a_repeat(
 
 
 TWO_CPU_NODES = 'name = "2 CPU nodes"\nnodes = 2\n[node]\ncpu_cores = 1\nmemory_gib = 8\ncpu_flags = ["avx2"]\n'
-TRACED = ["--compilation-config", '{"mode": 2, "backend": "eager"}']
 
 
 def test_eager_is_refused_for_a_pipeline_on_the_cpu_engine_and_the_traced_graph_named(
@@ -95,7 +95,7 @@ def test_eager_is_refused_for_a_pipeline_on_the_cpu_engine_and_the_traced_graph_
     for eager in (["--enforce-eager"], ["--enforce_eager"]):
         with pytest.raises(SettingsError, match=r"--enforce-eager cannot run a pipeline \(pipeline_parallel_size=2\)"):
             plan_for(load_settings({**pipeline, "engine.extra_args": eager}))
-    for allowed in (TRACED, ["--no-enforce-eager"]):
+    for allowed in (json.loads(TRACED), ["--no-enforce-eager"]):
         planned = plan_for(load_settings({**pipeline, "engine.extra_args": allowed})).plan
         assert planned.pipeline_parallel_size == 2 and planned.commands[0].argv[-len(allowed) :] == allowed
     one_each = plan_for(load_settings({**flat, "engine.extra_args": ["--enforce-eager"]})).plan

