@@ -51,9 +51,11 @@ start_backend() {  # LOG READY_PATTERN ARGS...: `python -m backend ARGS` in the 
   grep -q "$ready" "$log"
 }
 
-wait_health() {  # URL: until /health answers (at most 15 minutes; not once the server last started has exited)
+wait_health() {  # URL [PID]: until /health answers (at most 15 minutes; not once PID, by default the server
+  # last started, has exited)
+  local pid=${2:-${STARTED[-1]}}
   for _ in $(seq 450); do
-    kill -0 "${STARTED[-1]}" 2>/dev/null || return 1
+    kill -0 "$pid" 2>/dev/null || return 1
     .venv/bin/python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=2)" "$1" \
       2>/dev/null && return 0
     sleep 2

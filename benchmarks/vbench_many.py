@@ -5,6 +5,11 @@ crc32(R), so every server meets the same prompts and no run meets the previous r
 prefix cache. One line per run on stdout (and appended to RES/summary.txt), the JSON in RES.
 
     .venv-engine/bin/python benchmarks/vbench_many.py RES TOKENIZER NAME URL SERVED C:RUN [C:RUN ...]
+
+NAME, URL and SERVED may each be a comma-separated list of the same length: several servers, each run
+(C:RUN) measured on every one of them in turn before the next, so that no server always meets the
+machine in one state. With VBENCH_DEADLINE (seconds since the epoch) set, runs that would start after it
+are listed as skipped instead.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -47,12 +54,19 @@ def one(res: Path, tokenizer: str, name: str, url: str, served: str, c: int, run
 
 
 if __name__ == "__main__":
-    res, tokenizer, name, url, served, *runs = sys.argv[1:]
+    res, tokenizer, names, urls, served_names, *runs = sys.argv[1:]
     out = Path(res)
     out.mkdir(parents=True, exist_ok=True)
+    servers = list(zip(names.split(","), urls.split(","), served_names.split(","), strict=True))
     for spec in runs:
         c, run = spec.split(":")
-        line = one(out, tokenizer, name, url, served, int(c), run)
-        print(line, flush=True)
-        with open(out / "summary.txt", "a") as f:
-            f.write(line + "\n")
+        for name, url, served in servers:
+            late = time.time() > float(os.environ.get("VBENCH_DEADLINE") or "inf")
+            line = (
+                f"{name:9} c={c:>3} run {run}: skipped (deadline)"
+                if late
+                else one(out, tokenizer, name, url, served, int(c), run)
+            )
+            print(line, flush=True)
+            with open(out / "summary.txt", "a") as f:
+                f.write(line + "\n")

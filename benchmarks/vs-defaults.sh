@@ -4,13 +4,17 @@
 # run, REPEATS runs per level, levels interleaved (128, 256, 128, 256, ...). Every server gets one
 # unmeasured level of 16 first. Flags after the script go to `serve` (e.g. --users 256).
 #   THROUGHPUT=1   also `vllm serve DIR --performance-mode throughput`
+#   RUST=1         also `vllm serve DIR` with vLLM's Rust frontend (VLLM_USE_RUST_FRONTEND=1), nothing else
 #   DEFAULTS=0     leaves `vllm serve` out; PROJECT=0 leaves the plan out
 #   VARIANT="name:flag flag ..."  a second plan with its own `serve` flags, measured last
-#                  (e.g. "two:--users 256 --set engines_per_gpu=2"); VARIANT_EXTRA_ARGS (a JSON
-#                  list) adds vLLM flags to the variant's engines only
+#                  (e.g. "two:--users 256 --set engines_per_gpu=2"; several: "a:...;b:..."; VAR=VALUE words
+#                  set the variant's environment); VARIANT_EXTRA_ARGS
+#                  (a JSON list) adds vLLM flags to the variants' engines only
+#   DEADLINE_S=N   no server is started, and no run begins, N seconds after the start (listed as skipped)
 #   TRACE=1        the plan's engines start with vLLM's torch profiler; under TRACE_LEVEL (128)
 #                  concurrent every engine records TRACE_STEPS (40) steps at once; trace_summary.py
 #                  reads them (NAME-trace.jsonl, NAME-trace.png)
+# Start-up: each server's seconds from launch to `ready:` (the plan) or to /health (vLLM) in startup.txt.
 # Then: .venv/bin/python benchmarks/vs_defaults_summary.py $OUT   (medians, spread, vs-defaults.png)
 #   OUT=bench-results/vs REPEATS=3 LEVELS="128 256" bash benchmarks/vs-defaults.sh --users 256
 set -uo pipefail
@@ -21,9 +25,12 @@ read -ra LV <<< "${LEVELS:-128 256}"
 
 project() {  # NAME serve-flags...: the project's plan as `serve` starts it, measured, stopped
   local name=$1 extra=${ERNIECHAT_ENGINE__EXTRA_ARGS:-[]} scopes=0; shift
+  late "$name" && return
   if [ "${TRACE:-0}" = 1 ]; then extra=$(profiler_args "$extra" "$OUT/$name-trace"); scopes=1; fi
+  local t0=$SECONDS
   if ERNIECHAT_ENGINE__EXTRA_ARGS=$extra VLLM_CUSTOM_SCOPES_FOR_PROFILING=$scopes \
     start_backend "$OUT/$name-serve.log" "^ready:" serve --model demo "$@"; then
+    echo "$name ready after $((SECONDS - t0)) s" | tee -a "$OUT/startup.txt"
     $B status --json > "$OUT/$name-status.json"
     nvidia-smi > "$OUT/$name-nvidia-smi.txt" 2>&1  # under MPS: its server holds the GPU, the engines are its clients
     vbench "$name" http://127.0.0.1:8000 demo $(levels "$REPEATS" "${LV[@]}")
@@ -34,9 +41,12 @@ project() {  # NAME serve-flags...: the project's plan as `serve` starts it, mea
 
 vllm_serve() {  # NAME vllm-flags...: `vllm serve DIR` as a vLLM user starts it, measured, stopped
   local name=$1; shift
+  late "$name" && return
   .venv-engine/bin/vllm serve "$DIR" --port 8100 "$@" > "$OUT/$name-server.log" 2>&1 &
   STARTED+=($!)
+  local t0=$SECONDS
   if wait_health http://127.0.0.1:8100; then
+    echo "$name healthy after $((SECONDS - t0)) s" | tee -a "$OUT/startup.txt"
     vbench "$name" http://127.0.0.1:8100 "$DIR" $(levels "$REPEATS" "${LV[@]}")
   else
     echo "$name: not healthy"; tail -20 "$OUT/$name-server.log"
@@ -84,11 +94,20 @@ ts = [threading.Thread(target=post, args=(x,)) for x in sys.argv[2:]]
 [t.join() for t in ts]' "$@"
 }
 
+late() {  # NAME: whether DEADLINE_S has passed (then NAME is listed as skipped)
+  [ -n "${DEADLINE_S:-}" ] && [ "$SECONDS" -ge "$DEADLINE_S" ] && echo "$1: skipped (deadline)" | tee -a "$OUT/summary.txt"
+}
+
 begin
+[ -n "${DEADLINE_S:-}" ] && export VBENCH_DEADLINE=$(($(date +%s) + DEADLINE_S - SECONDS))
 [ "${PROJECT:-1}" != 0 ] && project project "$@"
 [ "${DEFAULTS:-1}" != 0 ] && vllm_serve defaults
+[ "${RUST:-0}" = 1 ] && VLLM_USE_RUST_FRONTEND=1 vllm_serve defaults-rust
 [ "${THROUGHPUT:-0}" = 1 ] && vllm_serve throughput --performance-mode throughput
-if [ -n "${VARIANT:-}" ]; then
-  read -ra flags <<< "${VARIANT#*:}"
-  ERNIECHAT_ENGINE__EXTRA_ARGS=${VARIANT_EXTRA_ARGS:-[]} project "${VARIANT%%:*}" "${flags[@]}"
-fi
+IFS=';' read -ra variants <<< "${VARIANT:-}"
+for variant in "${variants[@]}"; do
+  read -ra words <<< "${variant#*:}"
+  envs=() flags=()  # VAR=VALUE words: the variant's environment (its engines inherit it)
+  for w in "${words[@]}"; do if [[ $w =~ ^[A-Z_][A-Z0-9_]*= ]]; then envs+=("$w"); else flags+=("$w"); fi; done
+  ([ ${#envs[@]} = 0 ] || export "${envs[@]}"; ERNIECHAT_ENGINE__EXTRA_ARGS=${VARIANT_EXTRA_ARGS:-[]} project "${variant%%:*}" "${flags[@]}")
+done

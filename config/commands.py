@@ -28,6 +28,8 @@ from config.plan import GIB, PINNABLE, Command, Plan
 MASTER_PORT = 29501
 """vLLM's default ``--master-port`` (torch.distributed's rendezvous, on the head node)."""
 HEAD_ADDRESS = "<head-node-ip>"
+RUST_FRONTEND_ENV = "VLLM_USE_RUST_FRONTEND"
+"""What makes ``vllm serve`` run its Rust API server (``vllm/vllm-rs``) instead of Python ones."""
 RENDEZVOUS_TIMEOUT_S = 300
 """vLLM's ``--distributed-timeout-seconds``: ``serve`` starts vLLM on the head only once every
 node has joined, so its rendezvous takes seconds; without a limit torch waits 30 minutes."""
@@ -258,6 +260,8 @@ def engine_env(
     ``CUDA_VISIBLE_DEVICES`` (``2,3`` and plan GPU 0 -> ``2``), never past it.
     """
     env = dict(plan.environment)
+    if plan.rust_frontend:
+        env[RUST_FRONTEND_ENV] = "1"
     gpus = plan.engine_gpus(engine) if engine is not None and plan.routed else plan.gpus
     if plan.device == "cuda" and all_gpus is not None and (len(gpus) < all_gpus or engine is not None):
         outer = [d.strip() for d in (outer_visible or "").split(",") if d.strip()]

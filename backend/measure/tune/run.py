@@ -263,7 +263,8 @@ def print_plan(settings: Settings, options: TuneOptions, tp: TunePlan) -> None:
             f"DP={v['data_parallel_size']} max_num_seqs={v['max_num_seqs']} "
             f"max_num_batched_tokens={v['max_num_batched_tokens']}"
             f"{' async_scheduling' if v['async_scheduling'] else ''} engines_per_gpu={v['engines_per_gpu']} "
-            f"api_server_count={v['api_server_count']} stream_interval={v['stream_interval']} "
+            f"{'rust_frontend' if v['rust_frontend'] else 'api_server_count=' + str(v['api_server_count'])} "
+            f"stream_interval={v['stream_interval']} "
             f"cudagraph_mode={v['cudagraph_mode']}{flag}"
         )
     for why in tp.refused:

