@@ -27,19 +27,23 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         from backend.runtime.resolve import ensure_demo
 
         model_path = ensure_demo(settings)
+    notes: list[str] = []
     if args.compare is not None:
         pair = plan_pair(settings, parse_compare(args.compare), model_path or settings.model.id)
-        setups = [(PLAN_LABEL, pair.first), (pair.label, pair.second)]
+        setups, notes = [(PLAN_LABEL, pair.first), (pair.label, pair.second)], pair.notes
     else:
         setups = [("", plan_for(settings, model_path=model_path))]
     if args.json:
-        docs = [dict(planned.plan.as_json(), notes=planned.notes, setup=label) for label, planned in setups]
-        print(json.dumps(docs[0] if len(docs) == 1 else {"setups": docs, "notes": pair.notes}, indent=2))
+        docs = [
+            dict(planned.plan.as_json(), notes=planned.notes) | ({"setup": label} if label else {})
+            for label, planned in setups
+        ]
+        print(json.dumps({"setups": docs, "notes": notes} if notes else docs[0], indent=2))
         return 0
     for label, planned in setups:
         if label:
             print(f"=== {label} ===")
         print_plan(planned)
-    for note in pair.notes if args.compare is not None else []:
+    for note in notes:
         print(f"note: {note}")
     return 0
