@@ -27,6 +27,7 @@ from backend.page.chats.export import EXPORT_COMMAND, is_export, send_export
 from backend.page.chats.identity import local_user_applies, use_identity
 from backend.page.chats.opening import not_saved_notice, open_chats
 from backend.page.chats.resume import history_of, remember
+from backend.page.compare import Setup, Setups, begin, switches
 from backend.page.history import valid_text
 from backend.page.latency import AllChats, EngineStarts, received_at
 from backend.page.link import EngineLink, Target
@@ -38,6 +39,7 @@ from config.settings import ROOT, load_settings
 
 settings = load_settings()
 link = EngineLink(settings)
+setups = Setups(link)  # the plan's link, and the compared setup's beside it (up --compare)
 internals.set_socket_pings(settings.app.ping_interval_s, settings.app.ping_timeout_s)
 internals.set_max_message_bytes(16 * 1024 * 1024)  # a paste up to uvicorn's own websocket cap reaches the page
 internals.guard_socket_events()  # a malformed message or settings payload is answered in words
@@ -134,9 +136,11 @@ class Progress:
 
 
 @cl.on_chat_start
-async def start(history: list[dict[str, str]] | None = None) -> None:
-    """A new chat, or (``history`` given) a reopened one going on with the model's history rebuilt."""
+async def start(history: list[dict[str, str]] | None = None, compared: list[dict[str, str]] | None = None) -> None:
+    """A new chat, or (``history`` given) a reopened one going on with the model's history rebuilt
+    (``compared``: the compared setup's, ``up --compare``)."""
     cl.user_session.set("history", history or [])
+    begin(compared)
     if notice := not_saved_notice(store):
         await cl.Message(content=notice).send()
     a = settings.app
@@ -147,10 +151,12 @@ async def start(history: list[dict[str, str]] | None = None) -> None:
                 for k in knobs(settings)
             ),
             TextInput(id="system_prompt", label="System prompt", initial=a.system_prompt, multiline=True),
+            *switches(link.status()),
         ]
     ).send()
     await panel.announce()
     status = link.status()
+    await setups.prepare(status)
     if status and status.demo and history is None:
         plan = f"Plan: {status.plan_summary} · Hardware: {status.hardware} · the Readme says why."
         await cl.Message(content=f"{DEMO}\n\n{plan}").send()
@@ -171,7 +177,7 @@ async def start(history: list[dict[str, str]] | None = None) -> None:
 @cl.on_chat_resume
 async def resume(thread: ThreadDict) -> None:
     """A past chat reopened (the sidebar, or a socket's ``threadId``; Chainlit checked it is the user's)."""
-    await start(history_of(thread))
+    await start(history_of(thread), history_of(thread, compared=True))
 
 
 async def refused(text: str, reply_to: str) -> bool:
@@ -196,15 +202,17 @@ async def answer(text: str, reply_to: str, t0: float) -> None:
     internals.set_answering(asyncio.current_task())
     try:
         with store.reply():  # the chat's database writes wait until the reply is done
-            await answer_one(text, reply_to, t0)
+            for n, setup in enumerate(setups.for_message()):  # two compared setups: one after the other
+                await answer_one(text, reply_to, t0 if n == 0 else time.perf_counter(), setup)
     finally:
         internals.set_answering(None)
 
 
-async def answer_one(text: str, reply_to: str, t0: float) -> None:
-    """:func:`answer`'s work, once the chat is marked as answering. The reply's message is made and
-    shown once the engine has the request (Chainlit's ``Message()`` alone blocks the event loop 1 ms)."""
-    history: list[dict[str, str]] = cl.user_session.get("history")
+async def answer_one(text: str, reply_to: str, t0: float, setup: Setup) -> None:
+    """:func:`answer`'s work for one ``setup``, once the chat is marked as answering. The reply's message
+    is made and shown once the engine has the request (Chainlit's ``Message()`` alone blocks the event loop 1 ms)."""
+    link, head = setup.link, setup.heading
+    history: list[dict[str, str]] = cl.user_session.get(setup.history_key)
     waiting = Progress("⏳ Your message waits until the engine is ready.")
     reply: cl.Message | None = None
     result, sent = ChatResult(), False
@@ -212,7 +220,7 @@ async def answer_one(text: str, reply_to: str, t0: float) -> None:
 
     def made() -> cl.Message:
         nonlocal reply
-        reply = reply or cl.Message(content="", metadata={"in_reply_to": reply_to})
+        reply = reply or cl.Message(content=head, metadata={"in_reply_to": reply_to, **setup.metadata})
         return reply
 
     async def show_reply() -> None:  # the empty reply, while the engine works on the request
@@ -242,11 +250,11 @@ async def answer_one(text: str, reply_to: str, t0: float) -> None:
     except asyncio.CancelledError:  # Stop: the engine's stream is closed already; keep what was said
         await waiting.close("Stopped waiting for the engine.")
         if result.text:
-            remember(history, made(), text, result.text)
+            remember(history, made(), text, result.text, len(head))
         if sent:
             reply = made()
-            split = panel.keep_timing(reply, result, target, all_chats, engine_starts, stopped=True)
-            reply.content = with_footer(result.text, footer(result, stopped=True, split=split))
+            split = panel.keep_timing(reply, result, target, all_chats, engine_starts, stopped=True, setup=setup.label)
+            reply.content = with_footer(head + result.text, footer(result, stopped=True, split=split))
             await reply.update()
         raise
     except TooLong as err:
@@ -255,32 +263,41 @@ async def answer_one(text: str, reply_to: str, t0: float) -> None:
         await waiting.close("The engine did not get ready for this message.")
         later = " (once the engine is back)" if isinstance(err, (EngineDown, EngineTimeout)) else ""
         why = str(err) + (await link.what_stopped() if isinstance(err, EngineDown) else "")
-        await show_failure(made(), sent, result, text, reply_to, why, err.retry, later)
+        await show_failure(made(), sent, result, text, reply_to, why, err.retry, later, head)
     except Exception as err:  # a defect of the page's own: said in the chat (else hidden), message kept
         traceback.print_exc()
         await waiting.close("This message failed.")
         why = f"The page failed on this message ({type(err).__name__}: {err}); its log has the details."
-        await show_failure(made(), sent, result, text, reply_to, why, retry=True, when="")
+        await show_failure(made(), sent, result, text, reply_to, why, retry=True, when="", head=head)
     else:
         reply = made()
-        remember(history, reply, text, result.text)
+        remember(history, reply, text, result.text, len(head))
         note = ""
         if fitted.dropped_turns:
             n = fitted.dropped_turns
             note = f"{n} earlier turn{'s' if n > 1 else ''} left out to fit the {fitted.window:,}-token context"
-        split = panel.keep_timing(reply, result, target, all_chats, engine_starts)
+        split = panel.keep_timing(reply, result, target, all_chats, engine_starts, setup=setup.label)
         line = footer(result, split=split) + (" · demo model: random weights" if target.demo else "")
-        reply.content = with_footer(result.text, line, note)
+        reply.content = with_footer(head + result.text, line, note)
         await reply.update()
 
 
 async def show_failure(
-    reply: cl.Message, sent: bool, result: ChatResult, text: str, reply_to: str, why: str, retry: bool, when: str
+    reply: cl.Message,
+    sent: bool,
+    result: ChatResult,
+    text: str,
+    reply_to: str,
+    why: str,
+    retry: bool,
+    when: str,
+    head: str = "",
 ) -> None:
-    """The reply says why it failed, after what had arrived; with Retry when resending can help."""
+    """The reply says why it failed, after ``head`` (its setup's name) and what had arrived; with Retry
+    when resending can help."""
     again = cl.Action(name="retry", payload={"text": text, "reply_to": reply_to}, label="Retry", icon="rotate-ccw")
     hint = f" Press **Retry** to send your message again{when}." if retry else ""
-    reply.content = (f"{result.text}\n\n" if result.text else "") + f"⚠️ {why}{hint}"
+    reply.content = head + (f"{result.text}\n\n" if result.text else "") + f"⚠️ {why}{hint}"
     reply.actions = [again] if retry else []
     await (reply.update() if sent else reply.send())
 

@@ -1,4 +1,4 @@
-# Sourced by vs-defaults.sh, page.sh and startup.sh: the helpers they share. Runs from the repository root of a
+# Sourced by vs-defaults.sh, page.sh, startup.sh and compare.sh: the helpers they share. Runs from the repository root of a
 # checkout set up with `bash scripts/setup.sh` on a machine with an NVIDIA GPU (.venv: the project;
 # .venv-engine: vLLM). Every server is measured on the full-size demo checkpoint (the real
 # ERNIE-4.5-0.3B shape, random weights), so no download is needed. Results go to $OUT.

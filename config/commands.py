@@ -149,6 +149,8 @@ def server_flags(plan: Plan, host: str, port: int) -> list[str]:
 
 def engine_flags(plan: Plan) -> list[str]:
     """The engine's arguments after model and address: the same on every node of a split engine."""
+    if plan.vllm_defaults:
+        return defaults_flags(plan)
     argv = [
         "--dtype",
         plan.dtype,
@@ -187,11 +189,24 @@ def engine_flags(plan: Plan) -> list[str]:
             argv += ["--kv-cache-memory-bytes", str(plan.cpu_kv_cache_space_gib * GIB)]
     if plan.stream_interval > 1:
         argv += ["--stream-interval", str(plan.stream_interval)]
-    if plan.per_request_metrics:
-        argv += ["--enable-per-request-metrics"]
-    if plan.prompt_tokens_details:
-        argv += ["--enable-prompt-tokens-details"]
-    return argv
+    return argv + metric_flags(plan)
+
+
+def metric_flags(plan: Plan) -> list[str]:
+    """What the page's footer splits a reply's first-token time with (``config.rules.frontend.reply_metrics``)."""
+    argv = ["--enable-per-request-metrics"] if plan.per_request_metrics else []
+    return argv + (["--enable-prompt-tokens-details"] if plan.prompt_tokens_details else [])
+
+
+def defaults_flags(plan: Plan) -> list[str]:
+    """``vllm serve MODEL`` with its defaults beside the plan (``Plan.vllm_defaults``): only its share of
+    the machine (of each GPU's memory; on the CPU its KV cache space) and the reply metrics the page's
+    footer reads, which change nothing in how vLLM schedules."""
+    if plan.device == "cuda":
+        share = ["--gpu-memory-utilization", str(plan.gpu_memory_utilization)]
+    else:
+        share = ["--kv-cache-memory-bytes", str((plan.cpu_kv_cache_space_gib or 0) * GIB)]
+    return share + metric_flags(plan)
 
 
 def compilation_flags(plan: Plan) -> list[str]:
@@ -239,11 +254,26 @@ def worker_argv(
     return [python, *cli, "serve", model_path, "--headless", *flags]
 
 
+def core_range(first: int, count: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND``'s form of ``count`` cores from ``first``: ``3`` or ``2-3``."""
+    return str(first) if count <= 1 else f"{first}-{first + count - 1}"
+
+
+def bound_cores(plan: Plan, cores: int) -> list[int]:
+    """The cores a CPU plan's engines share: those its environment binds (a compared setup's half,
+    ``config.compare``), else all ``cores``."""
+    bind = plan.environment.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    first, dash, last = bind.partition("-")
+    if bind == "auto" or not first.isdigit() or (dash and not last.isdigit()):
+        return list(range(cores))
+    return list(range(int(first), int(last if dash else first) + 1))
+
+
 def engine_cores(plan: Plan, engine: int, cores: int) -> str:
     """The cores CPU engine ``engine`` of a routed CPU plan binds its threads to (``VLLM_CPU_OMP_THREADS_BIND``)."""
-    each = max(1, cores // plan.engine_count)
-    first = engine * each
-    return str(first) if each == 1 else f"{first}-{first + each - 1}"
+    mine = bound_cores(plan, cores)
+    each = max(1, len(mine) // plan.engine_count)
+    return core_range(mine[min(engine * each, len(mine) - 1)], each)
 
 
 def engine_env(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,9 +45,17 @@ def planned_as_given(settings: Settings, plan: Plan, model_path: str | Path) -> 
     return Planned(hardware=hardware, model=model, plan=plan, notes=notes)
 
 
-def plan_for(settings: Settings, model_path: str | Path | None = None) -> Planned:
-    """Plan for the settings. ``model_path``: a resolved local checkpoint to read and serve."""
-    hardware = resolve_hardware(settings.engine.hardware)
+def plan_for(
+    settings: Settings,
+    model_path: str | Path | None = None,
+    *,
+    hardware: Hardware | None = None,
+    finish: Callable[[Plan], Plan] | None = None,
+) -> Planned:
+    """Plan for the settings. ``model_path``: a resolved local checkpoint to read and serve.
+    ``hardware``: what to plan for instead of ``engine.hardware`` (a setup's half of the machine,
+    ``config.compare``); ``finish``: a last change to the plan before its ports and commands."""
+    hardware = hardware or resolve_hardware(settings.engine.hardware)
     source = str(model_path) if model_path else settings.model.id
     model, notes = read_model_shape(source, settings.model.revision)
     served = settings.model.served_name or settings.model.id
@@ -60,6 +69,8 @@ def plan_for(settings: Settings, model_path: str | Path | None = None) -> Planne
         settings.engine.pins,
         notes,
     )
+    if finish is not None:
+        plan = finish(plan)
     ports = plan_ports(plan, settings.engine.port)
     if ports[-1] > 65535:
         raise PlanError(

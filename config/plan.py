@@ -136,6 +136,10 @@ class Plan(BaseModel):
     prompt_tokens_details: bool = False
     """vLLM's ``--enable-prompt-tokens-details``: the prompt tokens each reply took from the prefix cache."""
     environment: dict[str, str] = Field(default_factory=dict)
+    vllm_defaults: bool = False
+    """``vllm serve MODEL`` as a user types it, compared beside the plan (``up --compare defaults``): its
+    command passes only the model, its name and address, its share of the machine and the page's reply
+    metrics (``config.commands.defaults_flags``); every other value here is the one vLLM takes by itself."""
     memory: Memory
     reasons: dict[str, str] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)
@@ -213,6 +217,8 @@ class Plan(BaseModel):
         return ", ".join(parts) + gpus
 
     def summary(self) -> str:
+        if self.vllm_defaults:
+            return f"vllm serve with its defaults: {self.node_summary()}"
         each = f" on each of {self.nodes} nodes" if self.replicated_across_nodes else ""
         if not self.routed:
             return self.node_summary() + each
@@ -365,6 +371,11 @@ def _cross_field_problems(plan: Plan) -> list[str]:
             "gpu_sharing=mps: NVIDIA's Multi-Process Service is for several engines on one GPU, and this plan "
             + ("runs on the CPU" if plan.device == "cpu" else "has one engine per GPU (engines_per_gpu=1)")
             + "; valid: time-slice, or engines_per_gpu=2 or more on a GPU"
+        )
+    if plan.vllm_defaults and (plan.routed or plan.split_across_nodes or world * dp > 1):
+        out.append(
+            "vllm_defaults=true: `vllm serve MODEL` with its defaults is one server on one GPU or CPU; "
+            "valid with it: one engine, TP, PP and DP of 1"
         )
     if plan.max_model_len != plan.memory.max_model_len:
         out.append(

@@ -49,6 +49,7 @@ APART = frozenset(
         "tests/config/test_planner.py",
         "tests/page/test_auth.py",
         "tests/page/test_app.py",
+        "tests/page/test_compare.py",
     }
 )
 

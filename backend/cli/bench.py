@@ -28,6 +28,7 @@ from backend.measure.bench import (
 from backend.measure.levels import LEVEL_TIME_CAP_S, Target
 from backend.measure.plots import plot_bench
 from backend.runtime.rundir import RunDir
+from config.compare import PLAN_LABEL
 from config.plan import PINNABLE
 from config.settings import Settings
 
@@ -54,6 +55,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_client_processes(p)
     p.add_argument("--out", help="output directory (default bench-results/<timestamp>)")
     p.add_argument("--label", default="", help="free text stored with the results")
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="also the setup `up --compare` runs beside the plan: both measured level by level, in turn",
+    )
 
 
 def running_target(
@@ -94,6 +100,25 @@ def running_target(
     return url, model, context
 
 
+def admits(plan: dict[str, Any]) -> int | None:
+    """Requests a running plan admits at once (max_num_seqs x replicas); None when no plan is known."""
+    return plan["max_num_seqs"] * plan.get("data_parallel_size", 1) if plan.get("max_num_seqs") else None
+
+
+def compared_setups(settings: Settings, plan_target: Target, plan: dict[str, Any]) -> list[tuple[str, Target, dict]]:
+    """The plan and the setup ``up --compare`` runs beside it, as the plan's status names it."""
+    status = RunDir(settings.engine.run_dir).status()
+    if status is None or status.compared is None:
+        raise EngineNotReady(
+            f"--compare: the run in {settings.engine.run_dir} compares no setup beside the plan; start it with "
+            "`up --compare defaults` (or KEY=VALUE ...)"
+        )
+    engine = settings.engine.model_copy(update={"run_dir": Path(status.compared.run_dir)})
+    url, model, context = running_target(settings.model_copy(update={"engine": engine}), None, None)
+    other = Target(url, model, settings.engine.api_key)
+    return [(status.setup or PLAN_LABEL, plan_target, plan), (status.compared.label, other, context.get("plan", {}))]
+
+
 def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.max_tokens < 1 or (args.requests_per_level is not None and args.requests_per_level < 1):
         raise UsageError("--max-tokens and --requests-per-level: at least 1")
@@ -102,7 +127,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     levels = parse_levels(args.concurrency)
     url, model, context = running_target(settings, args.url, args.served_model)
     plan = context.get("plan", {})
-    cap = plan.get("max_num_seqs", 0) * plan.get("data_parallel_size", 1) if plan.get("max_num_seqs") else None
+    setups = compared_setups(settings, Target(url, model, settings.engine.api_key), plan) if args.compare else []
+    caps = [admits(p) for p in [plan, *(s[2] for s in setups)]]
+    cap = None if None in caps else min(c for c in caps if c is not None)
     levels, cap_note = cap_levels(levels, cap)
     notes: list[str] = list(context.pop("notes"))
     if cap_note:
@@ -132,7 +159,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         processes=args.client_processes,
     )
     try:
-        report = bench_engine(Target(url, model, settings.engine.api_key), options)
+        pairs = [(name, aimed) for name, aimed, _ in setups]
+        report = bench_engine(Target(url, model, settings.engine.api_key), options, setups=pairs)
     except ValueError as err:
         raise UsageError(str(err)) from None
     except httpx.HTTPError as err:
@@ -143,6 +171,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     report.demo = context.get("demo")
     report.warmup = context.get("warmup")
     report.notes = notes
+    report.setups = {name: {"base_url": t.base_url, "model": t.model, "plan": p} for name, t, p in setups}
     print()
     print(table(report))
     json_path, png = write_report(report, out)

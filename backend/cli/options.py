@@ -28,6 +28,15 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_compare(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--compare",
+        metavar="defaults|KEY=VALUE ...",
+        help="a second setup beside the plan, each on half of the machine: 'defaults' (vllm serve MODEL with its "
+        'defaults) or the plan with these values pinned, e.g. "max_num_seqs=4 objective=latency"',
+    )
+
+
 def port_number(text: str) -> int:
     """An argparse type: a TCP port, 1-65535."""
     if not text.isdigit() or not 1 <= int(text) <= 65535:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from backend.cli.options import add_plan_options
+from backend.cli.options import add_compare, add_plan_options
 from backend.cli.plan_report import print_plan
+from config.compare import PLAN_LABEL, parse_compare, plan_pair
 from config.pipeline import plan_for
 from config.settings import Settings
 
@@ -17,6 +18,7 @@ HELP = "print the launch plan for this (or a named) hardware"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_plan_options(p)
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    add_compare(p)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -25,11 +27,23 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         from backend.runtime.resolve import ensure_demo
 
         model_path = ensure_demo(settings)
-    planned = plan_for(settings, model_path=model_path)
-    if args.json:
-        data = planned.plan.as_json()
-        data["notes"] = planned.notes
-        print(json.dumps(data, indent=2))
+    notes: list[str] = []
+    if args.compare is not None:
+        pair = plan_pair(settings, parse_compare(args.compare), model_path or settings.model.id)
+        setups, notes = [(PLAN_LABEL, pair.first), (pair.label, pair.second)], pair.notes
     else:
+        setups = [("", plan_for(settings, model_path=model_path))]
+    if args.json:
+        docs = [
+            dict(planned.plan.as_json(), notes=planned.notes) | ({"setup": label} if label else {})
+            for label, planned in setups
+        ]
+        print(json.dumps({"setups": docs, "notes": notes} if notes else docs[0], indent=2))
+        return 0
+    for label, planned in setups:
+        if label:
+            print(f"=== {label} ===")
         print_plan(planned)
+    for note in notes:
+        print(f"note: {note}")
     return 0

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from backend.cli.options import add_engine_port, add_plan_options
+from backend.cli.options import add_compare, add_engine_port, add_plan_options
 from backend.runtime.processes.process import unwind_on_signals
+from config.compare import parse_compare
 from config.settings import Settings
 
 NAME = "up"
@@ -23,10 +24,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_engine_port(p)
     p.add_argument("--no-warmup", action="store_true", help="skip warm-up")
+    add_compare(p)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from backend.runtime.up import run_up
 
+    compare = parse_compare(args.compare) if args.compare is not None else None
     unwind_on_signals()
-    return run_up(settings)
+    return run_up(settings, compare)

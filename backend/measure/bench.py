@@ -71,23 +71,27 @@ def variant_name(path: str, keepalive: bool | None) -> str:
 
 # -- records --------------------------------------------------------------------------------
 class BenchRow(Level):
-    """One level on one path: 'direct' (keep-alive on or off) or 'page' (keepalive None)."""
+    """One level on one path: 'direct' (keep-alive on or off) or 'page' (keepalive None); ``setup``: which
+    of two compared setups (``bench --compare``), empty when one is measured."""
 
     path: str
     keepalive: bool | None = None
+    setup: str = ""
 
     @property
     def variant(self) -> str:
-        return variant_name(self.path, self.keepalive)
+        name = variant_name(self.path, self.keepalive)
+        return f"{self.setup}: {name}" if self.setup else name
 
     def json_shape(self, data: dict[str, Any]) -> dict[str, Any]:
         data = super().json_shape(data)
         head = {"path": data.pop("path"), "variant": self.variant, "keepalive": data.pop("keepalive")}
-        return {**head, **data}
+        setup = data.pop("setup")
+        return {**({"setup": setup} if setup else {}), **head, **data}
 
     @classmethod
-    def of(cls, level: Level, path: str, keepalive: bool | None) -> BenchRow:
-        return cls(path=path, keepalive=keepalive, **dict(level))
+    def of(cls, level: Level, path: str, keepalive: bool | None, setup: str = "") -> BenchRow:
+        return cls(path=path, keepalive=keepalive, setup=setup, **dict(level))
 
 
 class BenchReport(BaseModel):
@@ -102,6 +106,10 @@ class BenchReport(BaseModel):
     config: dict[str, Any]
     results: list[BenchRow]
     page_added_ttft_ms: dict[str, float | None]
+    setups: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """``bench --compare``: each setup's engine URL, served name and plan, by its name."""
+    compared: list[dict[str, Any]] = Field(default_factory=list)
+    """``bench --compare``: per level, each compared setup's p50 TTFT, TPOT and tokens/s over the first's."""
     label: str = ""
     hardware: str | None = None
     plan: dict[str, Any] = Field(default_factory=dict)
@@ -154,9 +162,21 @@ async def engine_info(target: Target) -> dict[str, Any]:
     return info
 
 
-def bench_engine(target: Target, options: BenchOptions, say: Callable[[str], None] = print) -> BenchReport:
-    """Every level on every path; the report that ``bench.json`` holds (without files)."""
+def bench_engine(
+    target: Target,
+    options: BenchOptions,
+    say: Callable[[str], None] = print,
+    setups: Sequence[tuple[str, Target]] = (),
+) -> BenchReport:
+    """Every level on every path; the report that ``bench.json`` holds (without files). ``setups``: two
+    compared setups (``bench --compare``, the first ``target``'s own), measured level by level in turn,
+    the first of them alternating, never at once."""
     o = options
+    if setups and o.page_url:
+        raise UsageError(
+            "--compare with --page: the page answers every message with both setups, one after the other; "
+            "measure the setups direct (without --page)"
+        )
     if o.keepalive not in KEEPALIVE_VARIANTS:
         raise UsageError(f"keepalive={o.keepalive!r}: use on, off or both")
     started = datetime.now(UTC)
@@ -185,14 +205,17 @@ def bench_engine(target: Target, options: BenchOptions, say: Callable[[str], Non
     if o.page_url:
         variants.append(("page", None))
     results: list[BenchRow] = []
-    for concurrency in o.levels:
+    measured = list(setups) or [("", target)]
+    for i, concurrency in enumerate(o.levels):
         n = requests_for(concurrency, o.requests_per_level)
-        for path, ka in variants:
-            lt0 = time.perf_counter()
-            row = BenchRow.of(_one_level(target, o.page_url, path, ka, concurrency, n, load), path, ka)
-            results.append(row)
-            took = time.perf_counter() - lt0
-            say(f"  {row.variant:22} c={concurrency:<4} {n:4} requests in {took:6.1f} s  {brief(row)}")
+        for setup, aimed in measured if i % 2 == 0 else measured[::-1]:
+            for path, ka in variants:
+                lt0 = time.perf_counter()
+                level = _one_level(aimed, o.page_url, path, ka, concurrency, n, load)
+                row = BenchRow.of(level, path, ka, setup)
+                results.append(row)
+                took = time.perf_counter() - lt0
+                say(f"  {row.variant:22} c={concurrency:<4} {n:4} requests in {took:6.1f} s  {brief(row)}")
     return BenchReport(
         started_at=started.isoformat(timespec="seconds"),
         finished_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -211,7 +234,39 @@ def bench_engine(target: Target, options: BenchOptions, say: Callable[[str], Non
         },
         results=results,
         page_added_ttft_ms=page_added_ttft(results, o.page_keepalive),
+        compared=compared_levels(results),
     )
+
+
+def compared_levels(results: Sequence[BenchRow]) -> list[dict[str, Any]]:
+    """Per level and variant, each compared setup's p50 TTFT, p50 TPOT and tokens/s over the first
+    setup's (``bench --compare``); empty when one setup was measured."""
+    names = list(dict.fromkeys(r.setup for r in results if r.setup))
+    out: list[dict[str, Any]] = []
+    for c in dict.fromkeys(r.concurrency for r in results):
+        for path, ka in dict.fromkeys((r.path, r.keepalive) for r in results):
+            rows = {r.setup: r for r in results if (r.concurrency, r.path, r.keepalive) == (c, path, ka)}
+            base = rows.get(names[0]) if names else None
+            for name in names[1:]:
+                other = rows.get(name)
+                if base is None or other is None:
+                    continue
+                out.append(
+                    {
+                        "concurrency": c,
+                        "variant": variant_name(path, ka),
+                        "setup": name,
+                        "over": names[0],
+                        "ttft_p50": _over(other.ttft_p50_ms, base.ttft_p50_ms),
+                        "tpot_p50": _over(other.tpot_p50_ms, base.tpot_p50_ms),
+                        "output_tokens_per_s": _over(other.output_tokens_per_s, base.output_tokens_per_s),
+                    }
+                )
+    return out
+
+
+def _over(value: float | None, base: float | None) -> float | None:
+    return round(value / base, 3) if value is not None and base else None
 
 
 def _one_level(
@@ -258,14 +313,15 @@ def _f(v: float | None, scale: float = 1.0, digits: int = 0) -> str:
 
 
 def table(report: BenchReport) -> str:
+    w = max([22, *(len(r.variant) for r in report.results)])
     head = (
-        f"{'path':22} {'conc':>4} {'ok':>4} {'err':>3}  {'TTFT p50/p99 ms':>16}  {'ITL p50/p99/max ms':>22}  "
+        f"{'path':{w}} {'conc':>4} {'ok':>4} {'err':>3}  {'TTFT p50/p99 ms':>16}  {'ITL p50/p99/max ms':>22}  "
         f"{'TPOT p50/p99 ms':>15}  {'E2E p50/p99 s':>14}  {'tok/s':>8} {'req/s':>6}"
     )
     lines = [head, "-" * len(head)]
     for r in sorted(report.results, key=lambda r: (r.concurrency, r.variant)):
         lines.append(
-            f"{r.variant:22} {r.concurrency:>4} {r.ok:>4} {r.errors:>3}  "
+            f"{r.variant:{w}} {r.concurrency:>4} {r.ok:>4} {r.errors:>3}  "
             f"{_f(r.ttft_p50_ms) + ' / ' + _f(r.ttft_p99_ms):>16}  "
             f"{' / '.join(_f(v, digits=1) for v in (r.itl_p50_ms, r.itl_p99_ms, r.itl_max_ms)):>22}  "
             f"{_f(r.tpot_p50_ms, digits=1) + ' / ' + _f(r.tpot_p99_ms, digits=1):>15}  "
@@ -274,6 +330,12 @@ def table(report: BenchReport) -> str:
         )
     for c, added in report.page_added_ttft_ms.items():
         lines.append(f"page added TTFT at c={c}: {_f(added)} ms (page p50 − direct p50)")
+    for line in report.compared:
+        lines.append(
+            f"c={line['concurrency']} {line['variant']}: {line['setup']} ÷ {line['over']}: TTFT p50 "
+            f"{_f(line['ttft_p50'], digits=2)}x, TPOT p50 {_f(line['tpot_p50'], digits=2)}x, "
+            f"tok/s {_f(line['output_tokens_per_s'], digits=2)}x"
+        )
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from backend.measure.startup_records import StartupFailure, StartupRun
+from config.compare import PLAN_LABEL
 
 if TYPE_CHECKING:
     from backend.measure.bench import BenchReport
@@ -32,7 +33,9 @@ def _save(path: Path | IO[bytes], size: tuple[float, float], draw: Callable[[Any
 
 def plot_latency(rows: list[dict[str, Any]], out: IO[bytes]) -> str | None:
     """The page's latency panel: TTFT per reply (its parts stacked where the engine reports them)
-    and a histogram of TTFT."""
+    and a histogram of TTFT; for replies of two compared setups, :func:`plot_compared`."""
+    if len({setup_of(r) for r in rows}) > 1:
+        return plot_compared(rows, out)
     ttft = [(i + 1, r) for i, r in enumerate(rows) if isinstance(r.get("ttft_ms"), (int, float))]
 
     def draw(fig: Any, ax_t: Any, ax_h: Any) -> None:
@@ -57,6 +60,39 @@ def plot_latency(rows: list[dict[str, Any]], out: IO[bytes]) -> str | None:
         ax_h.set_title("TTFT histogram")
         for ax in (ax_t, ax_h):
             ax.grid(True, axis="y", alpha=0.3)
+
+    return _save(out, (10, 3.6), draw)
+
+
+def setup_of(row: dict[str, Any]) -> str:
+    """The setup a latency row's reply came from; the plan's for rows from before setups were compared."""
+    return str(row.get("setup") or PLAN_LABEL)
+
+
+def plot_compared(rows: list[dict[str, Any]], out: IO[bytes]) -> str | None:
+    """Two (or more) setups' replies side by side (``up --compare``): each one's TTFT per message it
+    answered, and each one's decode tokens/s, one series per setup in the order they first answered."""
+    setups = list(dict.fromkeys(setup_of(r) for r in rows))
+
+    def series(name: str, key: str) -> list[float]:
+        mine = [r for r in rows if setup_of(r) == name]
+        return [float(r[key]) if isinstance(r.get(key), (int, float)) else float("nan") for r in mine]
+
+    def draw(fig: Any, ax_t: Any, ax_r: Any) -> None:
+        for i, name in enumerate(setups):
+            for ax, key in ((ax_t, "ttft_ms"), (ax_r, "decode_tok_s")):
+                ys = series(name, key)
+                ax.plot(range(1, len(ys) + 1), ys, "o-", color=f"C{i}", label=name)
+        for ax, title, ylabel in (
+            (ax_t, "Time to first token", "TTFT (ms)"),
+            (ax_r, "Decode speed", "tokens/s"),
+        ):
+            ax.set_xlabel("message")
+            ax.set_ylabel(ylabel)
+            ax.set_title(title)
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
 
     return _save(out, (10, 3.6), draw)
 

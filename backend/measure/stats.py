@@ -7,6 +7,7 @@ replies of one level; ``bench.json`` and ``tune.json`` hold it under the same ke
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +34,29 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 def median(values: Sequence[float]) -> float | None:
     """The median; None for no values."""
     return statistics.median(values) if values else None
+
+
+BOOTSTRAP_ROUNDS = 1000
+
+
+def ratio_of_medians(
+    first: Sequence[float], second: Sequence[float], rounds: int = BOOTSTRAP_ROUNDS
+) -> tuple[float, float, float] | None:
+    """median(second) / median(first), and its spread: the 5th and 95th percentile of the same ratio over
+    ``rounds`` bootstrap resamples of both series (a fixed seed: the same rows give the same interval).
+    None when either series is empty or the first's median is 0."""
+    if not first or not second or not statistics.median(first):
+        return None
+    draw = random.Random(0)
+    ratios = []
+    for _ in range(rounds):
+        a = statistics.median(draw.choices(first, k=len(first)))
+        b = statistics.median(draw.choices(second, k=len(second)))
+        if a:
+            ratios.append(b / a)
+    low, high = percentile(ratios, 5), percentile(ratios, 95)
+    assert low is not None and high is not None
+    return statistics.median(second) / statistics.median(first), low, high
 
 
 def ms(seconds: float | None) -> float | None:

@@ -21,13 +21,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from backend.engine_api import ChatResult
-from backend.measure.stats import percentile
+from backend.measure.plots import setup_of
+from backend.measure.stats import percentile, ratio_of_medians, tpot_s
+from config.compare import PLAN_LABEL as PLAN
 
 TIMING_KEY = "timing"
 """Where a reply message's metadata keeps its row."""
 COLUMNS = (
     "reply",
     "chat",
+    "setup",
     "at",
     "prompt_tokens",
     "cached_tokens",
@@ -38,6 +41,7 @@ COLUMNS = (
     "queue_ms",
     "prefill_ms",
     "itl_p50_ms",
+    "tpot_ms",
     "decode_tok_s",
     "e2e_ms",
     "finish_reason",
@@ -66,9 +70,16 @@ def token_gap_p50_ms(result: ChatResult) -> float | None:
 
 
 def timing_row(
-    result: ChatResult, *, reply: int, chat: str, first_after_start: bool, stopped: bool = False
+    result: ChatResult,
+    *,
+    reply: int,
+    chat: str,
+    first_after_start: bool,
+    stopped: bool = False,
+    setup: str = PLAN,
 ) -> dict[str, Any]:
-    """One reply's row (ms, tokens, local time of day); parts the engine did not report are None."""
+    """One reply's row (ms, tokens, local time of day); parts the engine did not report are None.
+    ``setup``: which of two compared setups answered (``up --compare``), else the plan."""
     metrics = result.engine_metrics
     queue, prefill = metrics.get("queue_time_ms"), metrics.get("time_to_first_token_ms")
     engine = None if result.ttft_s is None else max(result.ttft_s - result.sent_s, 0.0) * 1000
@@ -78,6 +89,7 @@ def timing_row(
     return {
         "reply": reply,
         "chat": chat,
+        "setup": setup,
         "at": time.strftime("%Y-%m-%d %H:%M:%S"),
         "prompt_tokens": result.prompt_tokens,
         "cached_tokens": result.cached_tokens,
@@ -88,6 +100,7 @@ def timing_row(
         "queue_ms": None if queue is None else round(queue, 1),
         "prefill_ms": None if prefill is None else round(prefill, 1),
         "itl_p50_ms": token_gap_p50_ms(result),
+        "tpot_ms": _ms(tpot_s(result)),
         "decode_tok_s": round(result.tokens_per_s, 1),
         "e2e_ms": _ms(result.total_s),
         "finish_reason": "stopped" if stopped else result.finish_reason,
@@ -155,6 +168,69 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+COMPARED = (
+    ("ttft_ms", "TTFT (ms)"),
+    ("page_ms", "TTFT: page (ms)"),
+    ("http_ms", "TTFT: HTTP (ms)"),
+    ("queue_ms", "TTFT: queue (ms)"),
+    ("prefill_ms", "TTFT: prefill (ms)"),
+    ("tpot_ms", "TPOT (ms)"),
+    ("decode_tok_s", "decode tok/s"),
+)
+"""The figures two setups are compared by (``up --compare``): the first token, its parts, then decoding."""
+
+
+def setups_of(rows: list[dict[str, Any]]) -> list[str]:
+    """The setups that answered, the plan first, the others in the order they first answered."""
+    names = list(dict.fromkeys(setup_of(r) for r in rows))
+    return sorted(names, key=lambda name: name != PLAN)
+
+
+def _values(rows: list[dict[str, Any]], key: str, setup: str | None = None) -> list[float]:
+    mine = rows if setup is None else [r for r in rows if setup_of(r) == setup]
+    return [float(r[key]) for r in mine if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+
+
+def comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per figure: each setup's p50, p90 and p99, and for each setup after the first the ratio of its
+    median to the first's with the spread of that ratio (``stats.ratio_of_medians``)."""
+    names = setups_of(rows)
+    out = []
+    for key, label in COMPARED:
+        line: dict[str, Any] = {"figure": label}
+        series = {name: _values(rows, key, name) for name in names}
+        for name in names:
+            for q in QUANTILES:
+                p = percentile(series[name], q)
+                line[f"{name} p{q}"] = None if p is None else round(p, 1)
+        for name in names[1:]:
+            line[f"{name} ratio"] = ratio_of_medians(series[names[0]], series[name])
+        out.append(line)
+    return out
+
+
+def comparison_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The comparison as a table: percentiles per setup, then each ratio of medians and its 90% interval."""
+    names = setups_of(rows)
+    head = ["figure", *(f"{name} p{q}" for name in names for q in QUANTILES)]
+    head += [f"{name} ÷ {names[0]} (p50)" for name in names[1:]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for line in comparison(rows):
+        cells = [line["figure"], *(_cell(line[f"{name} p{q}"]) for name in names for q in QUANTILES)]
+        for name in names[1:]:
+            ratio = line[f"{name} ratio"]
+            cells.append("–" if ratio is None else f"{ratio[0]:.2f} ({ratio[1]:.2f}-{ratio[2]:.2f})")
+        lines.append("| " + " | ".join(cells) + " |")
+    counts = ", ".join(f"{name} {len([r for r in rows if setup_of(r) == name])}" for name in names)
+    lines += [
+        "",
+        f"_Replies per setup: {counts}. The ratio is one setup's median over {names[0]}'s, under 1 faster "
+        "for times, slower for tok/s; in brackets the 5th-95th percentile of that ratio over 1,000 resamples "
+        "of both series._",
+    ]
+    return lines
+
+
 def to_csv(rows: list[dict[str, Any]]) -> bytes:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
@@ -182,12 +258,17 @@ def panel_markdown(rows: list[dict[str, Any]], title: str) -> str:
     if not rows:
         return f"**{title}:** no replies yet. Send messages, then `/latency` again."
     lines = [f"**{title}:** {len(rows)} repl{'ies' if len(rows) > 1 else 'y'}", ""]
-    stats = summary(rows)
-    head = ["figure", "count", "min", *(f"p{q}" for q in QUANTILES), "max"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(_cell(s[h]) for h in head) + " |" for s in stats]
+    several = len(setups_of(rows)) > 1
+    if several:
+        lines += comparison_markdown(rows)
+    else:
+        stats = summary(rows)
+        head = ["figure", "count", "min", *(f"p{q}" for q in QUANTILES), "max"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(_cell(s[h]) for h in head) + " |" for s in stats]
     shown = rows[-PANEL_ROWS:]
-    cols = [c for c in COLUMNS if c != "chat" or len({r.get("chat") for r in rows}) > 1]
+    kept = {"chat": len({r.get("chat") for r in rows}) > 1, "setup": several}
+    cols = [c for c in COLUMNS if kept.get(c, True)]
     lines += ["", f"Latest {len(shown)} of {len(rows)} (the CSV and JSON hold all):" if len(shown) < len(rows) else ""]
     lines += ["| " + " | ".join(c.replace("_", " ") for c in cols) + " |", "|" + "---|" * len(cols)]
     for r in shown:

@@ -28,6 +28,7 @@ from backend.page.latency import (
     to_json,
 )
 from backend.page.link import Target
+from config.compare import PLAN_LABEL
 
 COMMAND = "latency"
 OPTIONS = ("", "reset", "all")
@@ -40,7 +41,8 @@ COMMANDS: list[Any] = [
     {
         "id": COMMAND,
         "icon": "gauge",
-        "description": "This chat's latency: per reply, p50/p90/p99, plot, CSV and JSON (add: reset, all)",
+        "description": "This chat's latency: per reply, p50/p90/p99 (per setup when compared), plot, CSV and JSON "
+        "(add: reset, all)",
         "button": False,
         "persistent": False,
         "selected": False,
@@ -116,12 +118,16 @@ def keep_timing(
     starts: EngineStarts,
     *,
     stopped: bool = False,
+    setup: str = PLAN_LABEL,
 ) -> str:
     """Keep the reply's row in its metadata (stored with the message) and in the user's series of
-    this page; returns the footer's split. Called once the reply is whole, off the first token's way."""
+    this page; returns the footer's split. Called once the reply is whole, off the first token's way.
+    ``setup``: which of two compared setups wrote the reply (``up --compare``)."""
     first = starts.first(target.base_url, target.started_at) if target is not None else False
     chat = cl.context.session.thread_id or cl.context.session.id
-    row = timing_row(result, reply=len(chat_rows()) + 1, chat=chat[:8], first_after_start=first, stopped=stopped)
+    row = timing_row(
+        result, reply=len(chat_rows()) + 1, chat=chat[:8], first_after_start=first, stopped=stopped, setup=setup
+    )
     reply.metadata = {**(reply.metadata or {}), TIMING_KEY: row}
     all_chats.add(user_key(), row)
     return split_line(row)

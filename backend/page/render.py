@@ -50,6 +50,10 @@ def plan_markdown(status: EngineStatus | None, run_dir: RunDir) -> str:
     lines += [f"> {note}  " for note in status.notes]
     if status.plan_summary:
         lines.append(f"**Plan:** {status.plan_summary}  ")
+    if status.compared:
+        beside = RunDir(status.compared.run_dir).status()
+        what = f"{beside.plan_summary} ({beside.state})" if beside else "not started yet"
+        lines.append(f"**Compared beside it:** {status.compared.label}: {what}  ")
     if status.hardware:
         lines.append(f"**Hardware:** {status.hardware}  ")
     if status.model:

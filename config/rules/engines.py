@@ -151,16 +151,19 @@ def gpu_sharing(draft: Draft, hardware: Hardware, engines: int) -> str:
     )
 
 
-def share_memory(draft: Draft, engines: int, smallest: GPUInfo, weights: int) -> int:
+def share_memory(draft: Draft, engines: int, smallest: GPUInfo, weights: int, setup_share: float = 1.0) -> int:
     """Each engine's gpu_memory_utilization when ``engines`` share a GPU; bytes usable per engine.
+    ``setup_share``: the part of the GPU this setup takes beside a compared one (``Hardware.share``).
     Refuses a split whose share cannot hold the weights and the runtime."""
     if engines == 1:
         return int(smallest.memory_bytes * draft.values["gpu_memory_utilization"])
-    share = round(min(DEFAULT_GPU_UTILIZATION, SHARED_UTILIZATION) / engines, 2)
+    together = round(min(DEFAULT_GPU_UTILIZATION, SHARED_UTILIZATION) * setup_share, 2)
+    share = round(together / engines, 2)
+    beside = f" ({setup_share:.0%} of {SHARED_UTILIZATION}: a compared setup takes the rest)" if setup_share < 1 else ""
     util = draft.set(
         "gpu_memory_utilization",
         share,
-        f"{share} of the GPU for each of the {engines} engines sharing it, {SHARED_UTILIZATION} together "
+        f"{share} of the GPU for each of the {engines} engines sharing it, {together} together{beside} "
         "(BENCHMARKS.md#engines-per-gpu)",
     )
     if engines * util > 0.95:
@@ -171,7 +174,7 @@ def share_memory(draft: Draft, engines: int, smallest: GPUInfo, weights: int) ->
     usable = int(smallest.memory_bytes * util)
     need = weights + CUDA_RUNTIME_RESERVE
     if usable <= need:
-        most = max(1, int(smallest.memory_bytes * 0.9 // (need * 1.25)))
+        most = max(1, int(smallest.memory_bytes * 0.9 * setup_share // (need * 1.25)))
         raise PlanError(
             f"engines_per_gpu={engines}: each engine gets {usable / GIB:.1f} GiB of the {smallest.name}, and the "
             f"model needs {need / GIB:.1f} GiB before any KV cache; valid on this hardware: 1..{most}"

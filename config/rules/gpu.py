@@ -83,7 +83,7 @@ def set_dtype(work: GpuWork) -> None:
 
 def set_utilization(work: GpuWork) -> None:
     """Utilisation comes first: everything else is sized from what it leaves."""
-    work.usable = gpu_utilization(work.draft, work.gpus, work.smallest)
+    work.usable = gpu_utilization(work.draft, work.gpus, work.smallest, work.hardware.share)
 
 
 def set_parallel(work: GpuWork) -> None:
@@ -125,7 +125,7 @@ def set_sharing(work: GpuWork) -> None:
     """How engines share a GPU, and each one's share of its memory."""
     gpu_sharing(work.draft, work.hardware, work.engines)
     if work.engines > 1:
-        work.usable = share_memory(work.draft, work.engines, work.smallest, work.weights)
+        work.usable = share_memory(work.draft, work.engines, work.smallest, work.weights, work.hardware.share)
 
 
 def size_kv_cache(work: GpuWork) -> None:

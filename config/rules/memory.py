@@ -76,17 +76,26 @@ def not_fit_error(model: ModelSpec, gpu: GPUInfo, usable: int, gpus: int, pins: 
     )
 
 
-def gpu_utilization(draft: Draft, gpus: list[GPUInfo], smallest: GPUInfo) -> int:
+def gpu_utilization(draft: Draft, gpus: list[GPUInfo], smallest: GPUInfo, share: float = 1.0) -> int:
     """Set gpu_memory_utilization (lowered when other processes hold memory); bytes usable per GPU.
+    ``share``: the part of each GPU this setup takes beside another (``Hardware.share``).
 
     Utilisation comes first: everything else is sized from what it leaves.
     """
     busy = max(g.memory_bytes - g.free_bytes for g in gpus)
-    util = DEFAULT_GPU_UTILIZATION
+    util = round(DEFAULT_GPU_UTILIZATION * share, 2)
     util_reason = "vLLM's usual share; the rest absorbs allocator fragmentation and the odd spike"
+    if share < 1:
+        util_reason = (
+            f"{share:.0%} of vLLM's usual {DEFAULT_GPU_UTILIZATION}: a compared setup runs beside it on the same "
+            "GPU and takes the rest (up --compare)"
+        )
     if busy > 0.02 * smallest.memory_bytes:
-        util = max(0.05, round(min(util, (smallest.memory_bytes - busy) / smallest.memory_bytes - 0.02), 2))
+        free = ((smallest.memory_bytes - busy) / smallest.memory_bytes - 0.02) * share
+        util = max(0.05, round(min(util, free), 2))
         util_reason = f"{busy / GIB:.1f} GiB already in use by other processes; the engine takes what is free"
+        if share < 1:
+            util_reason += f" ({share:.0%} of it: a compared setup takes the rest)"
     util = draft.set("gpu_memory_utilization", util, util_reason)
     return int(smallest.memory_bytes * util)
 

@@ -14,7 +14,7 @@ import pytest
 from support.services import ROOT, Engine, backend_env, run_backend
 
 from backend.engine_api import ChatResult
-from backend.measure.bench import BenchRow, cap_levels, page_added_ttft
+from backend.measure.bench import BenchRow, cap_levels, compared_levels, page_added_ttft
 from backend.measure.levels import Load, Target, closed_loop, measure_level, measure_page_level
 from backend.measure.page_floor import figures
 from backend.measure.startup_bench import page_first_chats
@@ -37,6 +37,46 @@ def test_levels_are_capped_at_what_the_engine_admits() -> None:
     assert levels == [1, 4, 8]
     assert note and "16, 64 capped at 8" in note
     assert cap_levels([1, 4], None) == ([1, 4], None)
+
+
+def test_compared_setups_are_set_side_by_side_level_by_level() -> None:
+    rows = [
+        BenchRow(
+            path="direct",
+            keepalive=True,
+            concurrency=1,
+            setup="plan",
+            ttft_p50_ms=10.0,
+            tpot_p50_ms=4.0,
+            output_tokens_per_s=100.0,
+        ),
+        BenchRow(
+            path="direct",
+            keepalive=True,
+            concurrency=1,
+            setup="vllm serve defaults",
+            ttft_p50_ms=15.0,
+            tpot_p50_ms=5.0,
+            output_tokens_per_s=80.0,
+        ),
+    ]
+    assert compared_levels(rows) == [
+        {
+            "concurrency": 1,
+            "variant": "direct keep-alive on",
+            "setup": "vllm serve defaults",
+            "over": "plan",
+            "ttft_p50": 1.5,
+            "tpot_p50": 1.25,
+            "output_tokens_per_s": 0.8,
+        }
+    ]
+    assert rows[1].variant == "vllm serve defaults: direct keep-alive on"
+    assert (
+        rows[1].model_dump()["setup"] == "vllm serve defaults"
+        and "setup" not in BenchRow(path="direct", concurrency=1).model_dump()
+    ), "one setup measured: no setup key"
+    assert compared_levels(rows[:1]) == []
 
 
 def test_page_added_ttft_uses_the_direct_variant_matching_the_page() -> None:

@@ -34,6 +34,7 @@ from support.services import (
     Engine,
     backend_env,
     clear_settings_env,
+    groups_of,
     nice_by_name,
     status_of,
     tmp_dir_of,
@@ -81,21 +82,6 @@ async def engine_counts(base_url: str) -> dict[str, float]:
         "generated": total(s, "vllm:generation_tokens_total"),
         "prompt_tokens": total(s, "vllm:prompt_tokens_total"),
     }
-
-
-def groups_of(*needles: str) -> dict[int, str]:
-    """Process groups of the processes whose command line holds every needle."""
-    found: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if all(n in cmd for n in needles):
-                found[os.getpgid(int(entry.name))] = cmd
-        except (OSError, ProcessLookupError):
-            continue
-    return found
 
 
 # -- the pieces, without servers --------------------------------------------------------------

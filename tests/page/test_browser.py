@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from support.app_client import FOOTER
+from support.browser import footers_of, launch, needs_chromium, send_and_wait
 from support.page import start_page
 from support.services import ROOT
 
@@ -23,36 +24,16 @@ from backend.page.latency import COLUMNS
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from playwright.sync_api import Browser, Page, Playwright, WebSocketRoute
+    from playwright.sync_api import WebSocketRoute
     from support.services import Engine
 
     from backend.runtime.up import ChatPage
 
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 REPLY_TOKENS = 32
 """Every reply's length: the page's max_tokens, reached by greedy decoding of these prompts."""
 PROMPT = re.compile(r"\((\d+) of (\d+) prompt tokens cached\)")
 """The footer's prompt tokens (cached of all)."""
-
-
-needs_chromium = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="needs Debian's chromium: apt-get install -y chromium"
-)
-
-
-def launch(pw: Playwright) -> Browser:
-    return pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
 
 
 @pytest.fixture
@@ -83,29 +64,6 @@ def streamed(frames: list[str]) -> None:
     )
 
 
-def send_and_wait(page: Page, text: str, replies: int) -> None:
-    """Type ``text``, send it, and wait until the chat shows ``replies`` footers of a whole reply
-    and the task has ended."""
-    from playwright.sync_api import expect
-
-    box = page.locator("#chat-input")
-    box.fill(text)
-    box.press("Enter")
-    sent = page.locator('[data-step-type="user_message"]').get_by_text(text, exact=True)
-    expect(sent).to_be_visible(timeout=60_000)
-    footers = page.get_by_text(FOOTER).filter(has_text=f"· {REPLY_TOKENS} tokens ·")
-    expect(footers).to_have_count(replies, timeout=120_000)
-    expect(page.locator("#chat-submit")).to_be_visible(timeout=30_000)  # the task has ended
-
-
-def footers_of(page: Page) -> list[re.Match[str]]:
-    """The chat's footers, in order, as the browser shows them."""
-    texts = page.get_by_text(FOOTER).all_inner_texts()
-    found = [FOOTER.search(t) for t in texts]
-    assert all(found), texts
-    return [m for m in found if m]
-
-
 @needs_chromium
 def test_browser_chats_reads_latency_downloads_its_csv_and_reopens_the_chat_after_a_restart(
     greedy_page: ChatPage, tmp_path: Path
@@ -128,7 +86,7 @@ def test_browser_chats_reads_latency_downloads_its_csv_and_reopens_the_chat_afte
             expect(page.get_by_text("Demo model: random weights.")).to_be_visible(timeout=30_000)
 
             # 1. two messages, each answered with a streamed reply of REPLY_TOKENS tokens
-            send_and_wait(page, first, 1)
+            send_and_wait(page, first, 1, REPLY_TOKENS)
             streamed(frames)
             # Chainlit scrolls a sent message to the top; scroll back so the banner shows too
             page.mouse.move(640, 300)
@@ -136,7 +94,7 @@ def test_browser_chats_reads_latency_downloads_its_csv_and_reopens_the_chat_afte
             page.wait_for_timeout(500)
             shot = tmp_path / "screenshot.png"
             page.screenshot(path=str(shot))
-            send_and_wait(page, second, 2)
+            send_and_wait(page, second, 2, REPLY_TOKENS)
             footers = footers_of(page)
             chat_url = page.url
             assert "/thread/" in chat_url, f"the chat has no address of its own: {chat_url}"
@@ -183,7 +141,7 @@ def test_browser_chats_reads_latency_downloads_its_csv_and_reopens_the_chat_afte
             reopened = footers_of(page)
             assert [m.group(0) for m in reopened] == [m.group(0) for m in footers], "the footers came back as shown"
             frames.clear()
-            send_and_wait(page, later, 3)
+            send_and_wait(page, later, 3, REPLY_TOKENS)
             streamed(frames)
             # the earlier turns went into the prompt again: the model's history was rebuilt from the store
             prompts = [int(m.group(2)) for m in PROMPT.finditer(" ".join(page.get_by_text(FOOTER).all_inner_texts()))]

@@ -34,7 +34,7 @@ from backend.errors import PageError
 from backend.page.chats.database import DEFAULT_FILE, async_url, sqlite_file
 from backend.page.chats.identity import LOCAL_USER, REQUEST_USER, local_user_applies
 from backend.page.chats.opening import open_chats, run_now
-from backend.page.chats.resume import REPLY_CHARS, history_of
+from backend.page.chats.resume import COMPARED_KEY, REPLY_CHARS, REPLY_FROM, history_of
 from backend.page.chats.schema import ensure_schema
 from backend.page.chats.store import ChatStore
 from backend.runtime.up import ChatPage
@@ -234,6 +234,38 @@ def test_history_is_rebuilt_from_the_replies_that_went_into_it() -> None:
         {"role": "assistant", "content": reply},
         {"role": "user", "content": "first"},
         {"role": "assistant", "content": "Late."},
+    ]
+
+
+def test_each_compared_setups_history_holds_its_own_replies_without_their_headings() -> None:
+    """Two setups answered each message (``up --compare``): the plan's history is its replies, the compared
+    setup's its own, each reply's text read after the heading that names its setup."""
+    q1, q2 = str(uuid.uuid4()), str(uuid.uuid4())
+
+    def reply(question: str, setup: str, text: str, compared: bool) -> dict[str, Any]:
+        head = f"**{setup}**\n\n"
+        meta = {"in_reply_to": question, REPLY_CHARS: len(text), REPLY_FROM: len(head), "setup": setup}
+        return {
+            "type": "assistant_message",
+            "output": f"{head}{text}\n\n---\n*TTFT 9 ms*",
+            "metadata": meta | ({COMPARED_KEY: True} if compared else {}),
+        }
+
+    steps = [
+        {"id": q1, "type": "user_message", "output": "first"},
+        reply(q1, "plan", "Plan one.", False),
+        reply(q1, "vllm serve defaults", "Defaults one.", True),
+        {"id": q2, "type": "user_message", "output": "second"},
+        reply(q2, "vllm serve defaults", "Defaults two.", True),  # the order alternates
+        reply(q2, "plan", "Plan two.", False),
+    ]
+    thread: Any = {"steps": steps}
+    assert [m["content"] for m in history_of(thread)] == ["first", "Plan one.", "second", "Plan two."]
+    assert [m["content"] for m in history_of(thread, compared=True)] == [
+        "first",
+        "Defaults one.",
+        "second",
+        "Defaults two.",
     ]
 
 

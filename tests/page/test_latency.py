@@ -16,7 +16,18 @@ from support.app_client import ChatClient, footer_of
 from support.waiting import until_async
 
 from backend.engine_api import ChatResult
-from backend.page.latency import COLUMNS, NOT_REPORTED, split_line, summary, timing_row
+from backend.measure.plots import plot_latency
+from backend.measure.stats import ratio_of_medians
+from backend.page.latency import (
+    COLUMNS,
+    NOT_REPORTED,
+    comparison,
+    panel_markdown,
+    split_line,
+    summary,
+    timing_row,
+    to_csv,
+)
 
 if TYPE_CHECKING:
     from backend.runtime.up import ChatPage
@@ -154,3 +165,44 @@ def test_a_part_the_engine_does_not_report_is_said_not_guessed() -> None:
     assert split_line(row).startswith("queue 1 ms · prefill 40 ms (4 of 9 prompt tokens cached) · HTTP 7 ms")
     stats = {s["figure"]: s for s in summary([row, dict(row, ttft_ms=70.0)])}
     assert (stats["TTFT (ms)"]["count"], stats["TTFT (ms)"]["min"], stats["TTFT (ms)"]["max"]) == (2, 50.0, 70.0)
+
+
+def rows_of_two_setups() -> list[dict[str, Any]]:
+    """Four messages, each answered by both setups in turn (the first alternating): the compared setup's
+    first token twice as slow as the plan's, its decoding the same."""
+    rows: list[dict[str, Any]] = []
+    for message in range(4):
+        pair = [("plan", 10.0 + message), ("vllm serve defaults", 20.0 + 2 * message)]
+        for setup, ttft in pair if message % 2 == 0 else pair[::-1]:
+            rows.append(
+                {"reply": len(rows) + 1, "setup": setup, "ttft_ms": ttft, "tpot_ms": 5.0, "decode_tok_s": 200.0}
+            )
+    return rows
+
+
+def test_two_setups_are_compared_per_figure_with_the_ratio_of_medians_and_its_spread() -> None:
+    rows = rows_of_two_setups()
+    lines = {line["figure"]: line for line in comparison(rows)}
+    ttft = lines["TTFT (ms)"]
+    assert (ttft["plan p50"], ttft["vllm serve defaults p50"]) == (11.5, 23.0)
+    ratio, low, high = ttft["vllm serve defaults ratio"]
+    assert ratio == 2.0 and low <= 2.0 <= high
+    assert ratio_of_medians([10, 11, 12, 13], [20, 22, 24, 26]) == (ratio, low, high), "the same rows, the same spread"
+    assert lines["decode tok/s"]["vllm serve defaults ratio"] == (1.0, 1.0, 1.0)
+    assert lines["TTFT: queue (ms)"]["vllm serve defaults ratio"] is None, "nothing measured: no ratio"
+    panel = panel_markdown(rows, "Latency, this chat")
+    assert "| figure | plan p50 | plan p90 | plan p99 | vllm serve defaults p50 |" in panel
+    assert "| TTFT (ms) | 11.5 |" in panel and f"| 2.00 ({low:.2f}-{high:.2f}) |" in panel
+    assert "Replies per setup: plan 4, vllm serve defaults 4" in panel and "| reply | setup |" in panel
+    # one setup: the panel as it was, no setup column
+    plain = panel_markdown([r for r in rows if r["setup"] == "plan"], "Latency, this chat")
+    assert "| figure | count | min |" in plain and "| reply | at |" in plain
+    table = list(csv.DictReader(io.StringIO(to_csv(rows).decode())))
+    assert [r["setup"] for r in table] == ["plan", "vllm serve defaults", "vllm serve defaults", "plan"] * 2
+    png = io.BytesIO()
+    assert plot_latency(rows, png) is None and png.getvalue().startswith(b"\x89PNG")
+
+
+def test_a_ratio_of_medians_needs_both_series_and_a_first_median_above_zero() -> None:
+    assert ratio_of_medians([], [1.0]) is None and ratio_of_medians([0.0, 0.0], [1.0]) is None
+    assert ratio_of_medians([2.0, 2.0, 2.0], [3.0, 3.0, 3.0]) == (1.5, 1.5, 1.5)

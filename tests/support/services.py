@@ -71,6 +71,21 @@ def nice_by_name(group: int) -> dict[str, set[int]]:
     return nice
 
 
+def groups_of(*needles: str) -> dict[int, str]:
+    """Process groups of the processes whose command line holds every needle."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if all(n in cmd for n in needles):
+                found[os.getpgid(int(entry.name))] = cmd
+        except (OSError, ProcessLookupError):
+            continue
+    return found
+
+
 def run_backend(run_dir: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``python -m backend ARGS`` to its end, with ``run_dir``'s environment; its output captured."""
     return subprocess.run(
