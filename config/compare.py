@@ -201,6 +201,7 @@ def defaults_pins(hardware: Hardware, model: ModelSpec) -> dict[str, Any]:
             "async_scheduling": True,
             "cudagraph_mode": "auto",
             "max_cudagraph_capture_size": 0,
+            "rust_frontend": False,  # vLLM's Python API server unless VLLM_USE_RUST_FRONTEND is set
         }
     return pins
 

@@ -140,6 +140,8 @@ def test_vllm_defaults_beside_the_plan_on_a_gpu_each_take_half_its_memory_share(
     # vLLM's own batch limits on a GPU of 70 GiB or more (not an A100)
     assert (second.max_num_seqs, second.max_num_batched_tokens) == (1024, 8192)
     assert second.async_scheduling and second.tensor_parallel_size == 1
+    assert first.rust_frontend and not second.rust_frontend, "vLLM's defaults run its Python API server"
+    assert "VLLM_USE_RUST_FRONTEND" not in env(both.second)
 
 
 def test_two_engines_per_gpu_share_the_plans_half(settings: Any) -> None:
