@@ -76,25 +76,27 @@ class HostCosts(BaseModel):
 
 
 GPU_HOST_DEFAULTS = HostCosts(
-    step_ms=2.1,
-    seq_us=28.0,
+    step_ms=2.25,
+    seq_us=29.7,
     prompt_us=0.35,
-    request_ms=1.6,
+    request_ms=0.49,
     tokenize_us=1.2,
-    token_us=30.0,
-    chunk_us=25.0,
-    latency_ms=2.2,
+    token_us=20.7,
+    chunk_us=26.6,
+    latency_ms=8.95,
     router_ms=0.8,
     router_chunk_us=6.0,
     page_ms=3.0,
-    launch_layer_us=160.0,
+    launch_layer_us=286.0,
     cpu_gflops_per_core=60.0,
     cpu_memory_gbs=8.0,
-    gpu_efficiency=0.5,
+    gpu_efficiency=0.55,
     source="defaults fitted to BENCHMARKS.md#headline (one H100, 16 cores, vLLM 0.24): not measured on this host",
 )
-"""A GPU host's costs before calibration: the headline's 1- and 16-user levels of the default plan and of
-``vllm serve``'s defaults (2026-12-06); its 128- and 256-user levels were kept apart to check them."""
+"""A GPU host's costs before calibration, fitted on one H100 (16 cores, vLLM 0.24) to: the headline's default plan
+at 1 and 16 users and ``vllm serve``'s defaults at 1-256 (2026-12-06), and two, three and four engines under MPS
+at 128 and 256 (BENCHMARKS.md#three-engines-per-gpu, 2026-12-05/06). The headline's ``--users 256`` levels were
+kept apart to check them (BENCHMARKS.md#prediction)."""
 
 CPU_HOST_DEFAULTS = GPU_HOST_DEFAULTS.model_copy(
     update={
