@@ -7,6 +7,8 @@ import json
 
 from backend.cli.options import add_plan_options
 from backend.cli.plan_report import print_plan
+from backend.runtime.expectation import planned_forecast
+from config.calibrated import costs_for
 from config.pipeline import plan_for
 from config.settings import Settings
 
@@ -26,10 +28,15 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
         model_path = ensure_demo(settings)
     planned = plan_for(settings, model_path=model_path)
+    costs, unusable = costs_for(settings.engine.run_dir, planned.hardware.name, planned.plan.device)
+    if unusable:
+        planned.notes.append(unusable)
+    expected = planned_forecast(settings, planned, costs)
     if args.json:
         data = planned.plan.as_json()
         data["notes"] = planned.notes
+        data["expected"] = expected.model_dump(mode="json", exclude={"hardware", "model"})
         print(json.dumps(data, indent=2))
     else:
-        print_plan(planned)
+        print_plan(planned, expected)
     return 0

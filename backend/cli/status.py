@@ -7,6 +7,7 @@ import json
 import time
 
 from backend.runtime.status import read_status
+from config.performance.text import forecast_lines
 from config.settings import Settings
 
 NAME = "status"
@@ -53,6 +54,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         w = status.warmup
         if w is not None and not w.disabled:
             print(f"warm-up: first TTFT {w.first_ttft_s * 1000:.0f} ms, steady {w.steady_ttft_s * 1000:.0f} ms")
+        if status.expected is not None:
+            print("expected:", *(f"  {line}" for line in forecast_lines(status.expected)), sep="\n")
         if status.error:
             print(f"error:   {status.error}")
     return 0 if status.state == "ready" else 1
