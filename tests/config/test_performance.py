@@ -4,7 +4,12 @@ over vLLM's defaults where it was measured, and the calibration from a warm-up's
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import re
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +20,7 @@ from config.errors import HardwareError
 from config.hardware import Hardware, list_profiles, load_profile
 from config.model import ModelSpec, read_model
 from config.performance import (
+    BOUNDS,
     CPU_HOST_DEFAULTS,
     GPU_HOST_DEFAULTS,
     HostCosts,
@@ -31,7 +37,8 @@ from config.plan import Plan
 from config.planner import PlanError, make_plan
 from config.settings import WorkloadSettings
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
 MODELS = sorted(p.stem for p in DATA.glob("*.json"))
 FIGURES = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "output_tokens_per_s", "per_user_tokens_per_s")
 ERNIE = "ernie-4.5-0.3b-pt"
@@ -248,3 +255,56 @@ def test_a_profiles_gpu_figures_are_checked_and_named_when_wrong(tmp_path: Path)
     ):
         load_profile(str(bad))
     assert all(g.memory_bandwidth_gbs and g.bf16_tflops for p in list_profiles() for g in load_profile(p).node.gpus)
+
+
+# -- shown: plan and predict ------------------------------------------------------------------------
+def cli(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ERNIECHAT_")}
+    env.update(HF_HUB_OFFLINE="1", ERNIECHAT_ENGINE__RUN_DIR=str(run_dir))
+    return subprocess.run(
+        [sys.executable, "-m", "backend", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300
+    )
+
+
+H100_256 = ("--hardware", "1xH100", "--model", str(DATA / f"{ERNIE}.json"), "--users", "256", "--reply-tokens", "128")
+
+
+def test_plan_says_what_it_expects_at_its_load_and_at_one_user_and_which_costs(tmp_path: Path) -> None:
+    done = cli(tmp_path, "plan", *H100_256)
+    assert done.returncode == 0, done.stderr
+    out = " ".join(done.stdout.split())  # unwrapped
+    assert "expected (the performance model, BENCHMARKS.md#prediction):" in out
+    assert "at 256 users, 512-token prompts, 128-token replies: " in out and "at 1 user: " in out
+    assert re.search(r"[\d,]+ tok/s \([\d,]+-[\d,]+\), [\d.,]+ tok/s per user; TTFT p50 [\d.,]+ ms \(", out), out
+    assert "bound: " in out and re.search(r"vllm serve \(defaults\) at 256 / 1 user: .* the plan \d\.\d\dx at 256", out)
+    assert "host costs: defaults fitted to BENCHMARKS.md#headline" in out
+    data = json.loads(cli(tmp_path, "plan", *H100_256, "--json").stdout)["expected"]
+    assert data["at_load"]["users"] == 256 and data["at_one"]["users"] == 1 and data["costs"]["kind"] == "default"
+    assert set(data["at_load"]["ttft_p50_ms"]) == {"point", "low", "high"} and data["at_load"]["bound"] in BOUNDS
+    # a warm-up on this machine calibrated the costs for this hardware: the next plan uses them, and says so
+    calibrated = GPU_HOST_DEFAULTS.model_copy(
+        update={
+            "kind": "calibrated",
+            "measured_on": "1x NVIDIA H100",
+            "step_ms": 4.2,
+            "source": "calibrated on this machine (...)",
+        }
+    )
+    save_calibrated(tmp_path, calibrated, "cuda")
+    again = json.loads(cli(tmp_path, "plan", *H100_256, "--json").stdout)["expected"]
+    assert again["costs"]["kind"] == "calibrated" and again["costs"]["step_ms"] == 4.2
+    assert again["at_one"]["tpot_p50_ms"]["point"] > data["at_one"]["tpot_p50_ms"]["point"]
+
+
+def test_predict_shows_a_plan_files_loads_beside_vllms_defaults(tmp_path: Path) -> None:
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(cli(tmp_path, "plan", *H100_256, "--json").stdout)
+    model_flags = ("--hardware", "1xH100", "--model", str(DATA / f"{ERNIE}.json"), "--reply-tokens", "128")
+    done = cli(tmp_path, "predict", "--plan-file", str(plan_file), *model_flags, "--at", "1,16,128")
+    assert done.returncode == 0, done.stderr
+    assert "3 engines under MPS behind the router on 1x NVIDIA H100" in done.stdout
+    rows = [line for line in done.stdout.splitlines() if re.match(r"\s+\d+\s+[\d,]+ \(", line)]
+    assert [int(r.split()[0]) for r in rows] == [1, 16, 128], done.stdout
+    assert all(re.search(r"\s\d+\.\d\dx\s", r) for r in rows), "each load's gain over vLLM's defaults"
+    bad = cli(tmp_path, "predict", *model_flags, "--at", "0,4")
+    assert bad.returncode == 2 and "--at '0,4': every load is 1 user or more" in bad.stderr
