@@ -7,6 +7,7 @@ candidate; candidates and the choice are tested in test_tune_candidates and test
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,10 @@ def test_tune_dry_run_lists_candidates_without_starting_engines(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     listed = [line for line in done.stdout.splitlines() if line.startswith("  ") and ". " in line[:6]]
     assert len(listed) == 3 and listed[0].strip().startswith("1. default"), done.stdout
+    assert all(" predicted " in line and " tok/s" in line and "bound: " in line for line in listed), done.stdout
+    valid = int(re.search(r"(\d+) valid candidates ranked by prediction", done.stdout)[1])  # type: ignore[index]
+    assert f"measuring the 3 best, {valid - 3} skipped" in done.stdout
+    assert "predicted with host costs: defaults fitted to BENCHMARKS.md#headline" in done.stdout
     assert not (tmp_path / "tuned").exists()
 
 
