@@ -25,6 +25,7 @@ from backend.measure.bench import (
     table,
     this_machine,
 )
+from backend.measure.expected import expect_levels
 from backend.measure.levels import LEVEL_TIME_CAP_S, Target
 from backend.measure.plots import plot_bench
 from backend.runtime.rundir import RunDir
@@ -73,7 +74,8 @@ def running_target(
         context["hardware"] = status.hardware
         context["demo"] = status.demo
         context["warmup"] = status.warmup.model_dump() if status.warmup else None
-        plan = RunDir(run_dir).plan()
+        context["expected"] = status.expected
+        context["running"] = plan = RunDir(run_dir).plan()
         context["plan"] = (
             {"summary": plan.summary(), "hardware": plan.hardware, "device": plan.device}
             | {k: getattr(plan, k) for k in PINNABLE}
@@ -137,6 +139,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise UsageError(str(err)) from None
     except httpx.HTTPError as err:
         raise EngineDown(f"cannot reach the engine at {url}: {type(err).__name__}: {err}") from None
+    forecast, running = context.get("expected"), context.get("running")
+    if forecast is not None and running is not None:
+        expect_levels(report.results, report.config, forecast, running)
+        notes.append(f"predicted with host costs: {forecast.costs.source}")
+    else:
+        notes.append("no prediction: the engine's status holds none (not started by this run directory's serve)")
     report.label = args.label
     report.hardware = context.get("hardware") or this_machine()
     report.plan = plan

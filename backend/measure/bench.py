@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 
 from backend.engine_api import models, root_url
 from backend.errors import UsageError
+from backend.measure.expected import LevelCheck, expected_table
 from backend.measure.levels import LEVEL_TIME_CAP_S, Load, Target, measure_level, measure_page_level
 from backend.measure.stats import Level
 from backend.prompts import prompt_shapes
@@ -75,6 +76,8 @@ class BenchRow(Level):
 
     path: str
     keepalive: bool | None = None
+    expected: LevelCheck | None = None
+    """The performance model's prediction for this level and its error (``expected``)."""
 
     @property
     def variant(self) -> str:
@@ -83,6 +86,8 @@ class BenchRow(Level):
     def json_shape(self, data: dict[str, Any]) -> dict[str, Any]:
         data = super().json_shape(data)
         head = {"path": data.pop("path"), "variant": self.variant, "keepalive": data.pop("keepalive")}
+        if data.get("expected") is None:
+            data.pop("expected", None)
         return {**head, **data}
 
     @classmethod
@@ -274,6 +279,8 @@ def table(report: BenchReport) -> str:
         )
     for c, added in report.page_added_ttft_ms.items():
         lines.append(f"page added TTFT at c={c}: {_f(added)} ms (page p50 − direct p50)")
+    if expected := expected_table(report.results):
+        lines += ["", expected]
     return "\n".join(lines)
 
 
