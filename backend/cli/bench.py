@@ -29,6 +29,7 @@ from backend.measure.expected import expect_levels
 from backend.measure.levels import LEVEL_TIME_CAP_S, Target
 from backend.measure.plots import plot_bench
 from backend.runtime.rundir import RunDir
+from config.performance.costs import HostCosts, default_costs
 from config.plan import PINNABLE
 from config.settings import Settings
 
@@ -55,6 +56,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_client_processes(p)
     p.add_argument("--out", help="output directory (default bench-results/<timestamp>)")
     p.add_argument("--label", default="", help="free text stored with the results")
+    p.add_argument(
+        "--costs",
+        metavar="FILE|defaults",
+        help="predict with these host costs (another run's calibrated/*.json, or 'defaults') instead of the run's own",
+    )
 
 
 def running_target(
@@ -140,6 +146,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     except httpx.HTTPError as err:
         raise EngineDown(f"cannot reach the engine at {url}: {type(err).__name__}: {err}") from None
     forecast, running = context.get("expected"), context.get("running")
+    if forecast is not None and running is not None and args.costs:
+        forecast = forecast.model_copy(update={"costs": host_costs(args.costs, running.device)})
     if forecast is not None and running is not None:
         expect_levels(report.results, report.config, forecast, running)
         notes.append(f"predicted with host costs: {forecast.costs.source}")
@@ -159,6 +167,18 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     print(f"wrote {json_path}" + (f" and {png}" if png else ""))
     errors = sum(r.errors for r in report.results)
     return 1 if errors else 0
+
+
+def host_costs(spec: str, device: str) -> HostCosts:
+    """``--costs``: 'defaults' (the engine kind's), or a calibration file."""
+    if spec == "defaults":
+        return default_costs(device)
+    try:
+        return HostCosts.model_validate_json(Path(spec).read_text())
+    except OSError as err:
+        raise UsageError(f"--costs {spec}: {err.strerror or err}") from None
+    except ValueError:
+        raise UsageError(f"--costs {spec}: not a file of host costs (a run's calibrated/*.json)") from None
 
 
 def write_report(report: BenchReport, out: Path) -> tuple[Path, Path | None]:

@@ -20,8 +20,14 @@ from config.model import ModelSpec
 from config.performance.costs import HostCosts
 from config.performance.layout import Layout
 from config.performance.prediction import Load, simulate_load
+from config.performance.step import percentile
 
 PASSES = 2
+SEQ_RANGE = 4.0
+"""The per-sequence cost is fitted within this factor of the default: a round of 16-token replies is mostly
+its prompts' reading, so it says little more about it."""
+QUICK = 25
+"""The percentile of a shape's repeated samples the calibration fits to (see ``_quick``)."""
 BISECTIONS = 24
 SINGLE_SHAPES = ("short", "medium", "long")
 
@@ -53,6 +59,11 @@ def _alone(samples: Sequence[WarmupSample], shape: str) -> list[WarmupSample]:
     return [s for s in samples if s.shape == shape and s.concurrency == 1 and s.tokens > 1]
 
 
+def _quick(values: list[float]) -> float:
+    """The lower quartile (of two or three: the least): what a request takes when nothing else holds a core."""
+    return percentile(values, QUICK) if len(values) > 3 else min(values)
+
+
 def _solve(fn: Callable[[float], float], target: float, lo: float, hi: float, rising: bool) -> float:
     """The x in [lo, hi] (geometric bisection) where ``fn(x)`` meets ``target``; ``rising``: fn grows with x."""
     for _ in range(BISECTIONS):
@@ -81,9 +92,10 @@ def calibrate(
     if not all(singles.values()):
         raise CalibrationError("the warm-up measured no short, medium and long prompt alone (was it off?)")
     reply = max(s.tokens for s in samples)
-    # The short prompt went often: its median. The others went twice: the quicker (on a busy host the
-    # other may have waited for a core; the first may have compiled).
-    ttft = {k: (statistics.median if k == "short" else min)(s.ttft_s for s in v) for k, v in singles.items()}
+    # The host's own pace, not what other processes left of it: the short prompt went often, its lower
+    # quartile; the others went twice, the quicker (the first may have compiled too). A 16-token reply's
+    # time per token is as often cut short (its tokens held back, then sent at once) as drawn out: the median.
+    ttft = {k: _quick([s.ttft_s for s in v]) for k, v in singles.items()}
     prompt = {k: round(statistics.median(s.prompt_tokens for s in v)) for k, v in singles.items()}
     tpot = statistics.median(s.tpot_s or 0.0 for s in singles["short"])
     last = max((s.round for s in rounds), default=0)
@@ -114,7 +126,8 @@ def calibrate(
             )
         costs = _fitted(costs, "step_ms", one_tpot, tpot, 0.01, 500.0)
         if len(final) > 1:
-            costs = _fitted(costs, "seq_us", crowd_tpot, statistics.mean(s.tpot_s or 0.0 for s in final), 0.01, 5e4)
+            want = statistics.median(s.tpot_s or 0.0 for s in final)
+            costs = _fitted(costs, "seq_us", crowd_tpot, want, base.seq_us / SEQ_RANGE, base.seq_us * SEQ_RANGE)
         costs = _fitted_request(costs, lambda c: alone(c, "short")["ttft_s"], ttft["short"])
     fit = {f"{shape}_ttft_ms": round((alone(costs, shape)["ttft_s"] - ttft[shape]) * 1e3, 2) for shape in ttft}
     fit["tpot_ms"] = round((alone(costs, "short")["tpot_s"] - tpot) * 1e3, 3)

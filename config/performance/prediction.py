@@ -41,6 +41,8 @@ MPS_WEIGHT = 0.5
 """Under MPS the other engines' kernels run beside this one's: about half their time is in its way."""
 HOST_LOAD = 0.7
 """Each host process is slower by up to this share as the cores fill (lower clocks, shared caches)."""
+OVERSUBSCRIBED = 0.1
+"""Demand this far beyond the cores names them the bound."""
 NICE_CORE_SHARE = 0.1
 """An engine core at nice 19 yields its core to whatever else wants it."""
 
@@ -127,7 +129,8 @@ class _Outcome:
     causes: dict[str, float]
     host: float
     device: float
-    slots_short: bool
+    oversubscribed: bool
+    """More busy processes than the host's cores."""
 
 
 def _spread(users: int, engines: int) -> list[tuple[int, int]]:
@@ -228,7 +231,7 @@ def _outcome(runs: list[tuple[EngineRun, int]], layout: Layout, host: float, dev
         tokens_s += count * run.tokens / run.makespan
         for k, v in run.causes.items():
             causes[k] = causes.get(k, 0.0) + v * count
-    return _Outcome(ttft, tpot, queue, tokens_s, causes, host, device, False)
+    return _Outcome(ttft, tpot, queue, tokens_s, causes, host, device, host > 1 + HOST_LOAD + OVERSUBSCRIBED)
 
 
 def _figures(out: _Outcome) -> dict[str, float]:
@@ -277,7 +280,7 @@ def predict(layout: Layout, model: ModelSpec, load: Load, costs: HostCosts, *, b
     total = sum(point.causes.values()) or 1.0
     shares = {k: round(v / total, 3) for k, v in sorted(point.causes.items(), key=lambda kv: -kv[1]) if v > 0}
     bound = next(iter(shares), "host_step")
-    if point.host > 1.3:
+    if point.oversubscribed:
         bound = "cores"
     notes = []
     if assumed:
