@@ -29,8 +29,10 @@ ROUNDS = 4
 REQUESTS_PER_USER = 4
 MIN_REQUESTS = 32
 """``vllm bench serve``'s count: max(32, 4 x concurrency)."""
-MAX_SIMULATED = 4096
-"""Requests simulated per engine core at most (a bigger load: as many per user, fewer users' worth)."""
+MAX_SIMULATED = 2048
+"""Requests simulated per engine core at most: a bigger load sends fewer per user (one at least)."""
+SETTLED = 0.01
+"""The fixed point holds once neither slowing moves by more than this share."""
 BAND = {"calibrated": 0.15, "default": 0.35}
 """How far the host's costs may be from the ones used, by their kind: the band's two ends."""
 ASSUMED_DEVICE_BAND = 0.5
@@ -145,28 +147,44 @@ def _per_user(load: Load) -> int:
     return max(1, round(total / load.users))
 
 
-def _run(layout: Layout, model: ModelSpec, load: Load, costs: HostCosts) -> _Outcome:
+def _run(
+    layout: Layout, model: ModelSpec, load: Load, costs: HostCosts, settled: tuple[float, float] | None = None
+) -> _Outcome:
+    """Each distinct engine core simulated with its users; ``settled``: the host's and the GPU's slowing as
+    a run with other costs settled them (one round then), else found here (a few rounds, until they hold)."""
     shape = ShapeCosts.of(model, layout.tp, layout.dtype_bytes)
-    host, device = 1.0, 1.0
+    host, device = settled or (1.0, 1.0)
     groups = _spread(load.users, layout.engines)
     per_user = _per_user(load)
     runs: list[tuple[EngineRun, int]] = []
-    for _ in range(ROUNDS):
+    for _ in range(1 if settled else ROUNDS):
         step = StepModel(layout, costs, shape, host=host, device_share=device)
-        runs = []
-        for users, count in groups:
-            scale = max(1, math.ceil(users * per_user / MAX_SIMULATED))
-            front = _front(layout, costs, load, host)
-            runs.append(
-                (simulate(step, front, users, load.prompt_tokens, load.reply_tokens, max(1, per_user // scale)), count)
+        runs = [
+            (
+                simulate(step, _front(layout, costs, load, host), users, load.prompt_tokens, load.reply_tokens, each),
+                count,
             )
+            for users, count in groups
+            for each in [_requests_each(users, per_user)]
+        ]
+        if settled:
+            break
         new_host = _host_demand(layout, costs, load, runs, step)
         new_device = _gpu_share(layout, load, runs, shape.width_share)
+        if abs(new_host - host) <= SETTLED * host and abs(new_device - device) <= SETTLED * device:
+            break
         host, device = (host + new_host) / 2, (device + new_device) / 2
     return _outcome(runs, layout, host, device)
 
 
+def _requests_each(users: int, per_user: int) -> int:
+    """Requests each of an engine core's users sends in the simulation: as the load says, fewer (at least
+    one) where that would be more than ``MAX_SIMULATED``."""
+    return max(1, min(per_user, MAX_SIMULATED // users))
+
+
 def _front(layout: Layout, costs: HostCosts, load: Load, host: float) -> Front:
+    """A fresh front end (its queues empty) for one engine core's simulation."""
     page = None
     if load.path == "page":
         page = Pool(max(layout.page_processes / layout.engines, 1e-3))
@@ -263,7 +281,7 @@ def predict(layout: Layout, model: ModelSpec, load: Load, costs: HostCosts, *, b
     )
     dev = ASSUMED_DEVICE_BAND if assumed else spread
     ends = [
-        _run(layout, model, load, costs.scaled(f, g))
+        _run(layout, model, load, costs.scaled(f, g), settled=(point.host, point.device))
         for f, g in ((1 + spread, 1 + dev), (1 / (1 + spread), 1 / (1 + dev)))
         if band
     ]

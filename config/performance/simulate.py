@@ -22,6 +22,10 @@ PS_SHARE = 0.28
 another, 1 all done together (an event loop interleaving them); vLLM's lies between."""
 
 
+SHARE_WINDOW = 256
+"""Requests an API server interleaves at most (the latest in hand): beyond, they wait their turn."""
+
+
 class Pool:
     """Processes that take requests in turn (API servers, page processes); ``capacity`` may be a share."""
 
@@ -47,12 +51,12 @@ class Pool:
         start = max(ready, self.free[i])
         done = start + seconds * self.scale
         self.free[i] = done
-        moved = [r for r in self.busy[i] if r.arrive > ready]
+        moved = [r for r in self.busy[i][-SHARE_WINDOW:] if r.arrive > ready]
         for r in moved:
             later = PS_SHARE * (done - r.arrive)
             r.waited += later
             r.arrive += later
-        self.busy[i] = [*moved, req]
+        self.busy[i] = [*moved[-SHARE_WINDOW:], req]
         req.arrive, req.waited = done, req.waited + start - ready
         return moved
 
