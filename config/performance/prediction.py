@@ -45,6 +45,8 @@ HOST_LOAD = 0.7
 """Each host process is slower by up to this share as the cores fill (lower clocks, shared caches)."""
 OVERSUBSCRIBED = 0.1
 """Demand this far beyond the cores names them the bound."""
+WORKER_HOST_SHARE = 0.2
+"""The CPU engine's worker keeps its threads busy this much beyond its compute: its Python between kernels."""
 NICE_CORE_SHARE = 0.1
 """An engine core at nice 19 yields its core to whatever else wants it."""
 
@@ -109,7 +111,7 @@ class Prediction(BaseModel):
 
 
 BOUNDS = {
-    "host_step": "host CPU per step (engine core: scheduling, kernel launches, sampling)",
+    "host_step": "host CPU per step (engine core and worker: scheduling, launching, sampling)",
     "host_seq": "host CPU per token (engine core, per running sequence)",
     "host_prompt": "host CPU per prompt token (engine core)",
     "api": "host CPU per token in the API servers (detokenising, streaming)",
@@ -202,7 +204,7 @@ def _host_demand(
 ) -> float:
     """The host's slowing of every CPU cost: its cores' demand at these runs' rates, over its cores."""
     c = costs
-    per_node = max(1, layout.engines_per_node)
+    per_node = max(1, min(layout.engines_per_node, math.ceil(load.users / layout.nodes)))  # the ones with users
     busiest = max((r for r, _ in runs), key=lambda r: r.tokens / r.makespan)
     tokens_s, requests_s = busiest.tokens / busiest.makespan, busiest.requests / busiest.makespan
     prompt = busiest.prompt_tokens / max(busiest.requests, 1)
@@ -211,7 +213,7 @@ def _host_demand(
     router = (requests_s * c.router_ms * 1e-3 + chunks_s * c.router_chunk_us * 1e-6) if layout.routed else 0.0
     page = requests_s * c.page_ms * 1e-3 if load.path == "page" else 0.0
     if layout.device == "cpu":
-        engine = layout.compute_threads * min(1.0, busiest.device_s / busiest.makespan + 0.2)
+        engine = layout.compute_threads * min(1.0, busiest.device_s / busiest.makespan + WORKER_HOST_SHARE)
         engine += NICE_CORE_SHARE if layout.engine_core_nice else BUSY_WAIT_CORES
     else:
         workers = layout.tp * layout.pp if layout.tp * layout.pp > 1 else 0

@@ -175,6 +175,14 @@ def test_tune_on_this_machine_measures_the_default_and_saves_its_profile(engine:
     assert (measured["target"]["ok"], measured["target"]["errors"], measured["single"]["ok"]) == (4, 0, 4)
     assert measured["target"]["client_processes"] == 1, "two cores: the engine needs them more than the client"
     assert report["default_vs_best"]["default_within_5pct"] is True
+    # ranked by the performance model; the measured one's prediction and how far it was off
+    assert report["ranked_out"] == report["candidates_valid"] - 2 and report["predicted_with"]
+    assert measured["predicted"]["users"] == 2 and set(measured["prediction_error_pct"]) == {
+        "output_tokens_per_s",
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+    }
+    assert re.search(r"predicted tokens/s [+-]\d+ %, TTFT p99 [+-]\d+ %", done.stdout), done.stdout
     profile = Path(report["profile"])
     assert profile.parent == tmp_path / "tuned" and json.loads(profile.read_text())["winner"] == "default"
     if has_matplotlib():
