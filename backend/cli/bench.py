@@ -25,10 +25,12 @@ from backend.measure.bench import (
     table,
     this_machine,
 )
+from backend.measure.expected import expect_levels
 from backend.measure.levels import LEVEL_TIME_CAP_S, Target
 from backend.measure.plots import plot_bench
 from backend.runtime.rundir import RunDir
 from config.compare import PLAN_LABEL
+from config.performance.costs import HostCosts, default_costs
 from config.plan import PINNABLE
 from config.settings import Settings
 
@@ -60,6 +62,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also the setup `up --compare` runs beside the plan: both measured level by level, in turn",
     )
+    p.add_argument(
+        "--costs",
+        metavar="FILE|defaults",
+        help="predict with these host costs (another run's calibrated/*.json, or 'defaults') instead of the run's own",
+    )
 
 
 def running_target(
@@ -79,7 +86,8 @@ def running_target(
         context["hardware"] = status.hardware
         context["demo"] = status.demo
         context["warmup"] = status.warmup.model_dump() if status.warmup else None
-        plan = RunDir(run_dir).plan()
+        context["expected"] = status.expected
+        context["running"] = plan = RunDir(run_dir).plan()
         context["plan"] = (
             {"summary": plan.summary(), "hardware": plan.hardware, "device": plan.device}
             | {k: getattr(plan, k) for k in PINNABLE}
@@ -165,6 +173,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise UsageError(str(err)) from None
     except httpx.HTTPError as err:
         raise EngineDown(f"cannot reach the engine at {url}: {type(err).__name__}: {err}") from None
+    forecast, running = context.get("expected"), context.get("running")
+    if forecast is not None and running is not None and args.costs:
+        forecast = forecast.model_copy(update={"costs": host_costs(args.costs, running.device)})
+    if forecast is not None and running is not None:
+        expect_levels(report.results, report.config, forecast, running, setups[0][0] if setups else "")
+        notes.append(f"predicted with host costs: {forecast.costs.source}")
+    else:
+        notes.append("no prediction: the engine's status holds none (not started by this run directory's serve)")
     report.label = args.label
     report.hardware = context.get("hardware") or this_machine()
     report.plan = plan
@@ -180,6 +196,18 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     print(f"wrote {json_path}" + (f" and {png}" if png else ""))
     errors = sum(r.errors for r in report.results)
     return 1 if errors else 0
+
+
+def host_costs(spec: str, device: str) -> HostCosts:
+    """``--costs``: 'defaults' (the engine kind's), or a calibration file."""
+    if spec == "defaults":
+        return default_costs(device)
+    try:
+        return HostCosts.model_validate_json(Path(spec).read_text())
+    except OSError as err:
+        raise UsageError(f"--costs {spec}: {err.strerror or err}") from None
+    except ValueError:
+        raise UsageError(f"--costs {spec}: not a file of host costs (a run's calibrated/*.json)") from None
 
 
 def write_report(report: BenchReport, out: Path) -> tuple[Path, Path | None]:

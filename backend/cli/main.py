@@ -17,6 +17,7 @@ from backend.cli import (
     demo_model,
     page_floor,
     plan,
+    predict,
     profiles,
     serve,
     startup,
@@ -31,6 +32,7 @@ from config.settings import load_settings
 
 COMMANDS: tuple[ModuleType, ...] = (
     plan,
+    predict,
     profiles,
     serve,
     up,

@@ -7,6 +7,8 @@ import json
 
 from backend.cli.options import add_compare, add_plan_options
 from backend.cli.plan_report import print_plan
+from backend.runtime.expectation import planned_forecast
+from config.calibrated import costs_for
 from config.compare import PLAN_LABEL, parse_compare, plan_pair
 from config.pipeline import plan_for
 from config.settings import Settings
@@ -33,17 +35,23 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         setups, notes = [(PLAN_LABEL, pair.first), (pair.label, pair.second)], pair.notes
     else:
         setups = [("", plan_for(settings, model_path=model_path))]
-    if args.json:
-        docs = [
-            dict(planned.plan.as_json(), notes=planned.notes) | ({"setup": label} if label else {})
-            for label, planned in setups
-        ]
-        print(json.dumps({"setups": docs, "notes": notes} if notes else docs[0], indent=2))
-        return 0
+    docs = []
     for label, planned in setups:
+        costs, unusable = costs_for(settings.engine.run_dir, planned.hardware.name, planned.plan.device)
+        if unusable:
+            planned.notes.append(unusable)
+        expected = planned_forecast(settings, planned, costs)
+        if args.json:
+            data = dict(planned.plan.as_json(), notes=planned.notes) | ({"setup": label} if label else {})
+            data["expected"] = expected.model_dump(mode="json", exclude={"hardware", "model"})
+            docs.append(data)
+            continue
         if label:
             print(f"=== {label} ===")
-        print_plan(planned)
+        print_plan(planned, expected)
+    if args.json:
+        print(json.dumps({"setups": docs, "notes": notes} if notes else docs[0], indent=2))
+        return 0
     for note in notes:
         print(f"note: {note}")
     return 0

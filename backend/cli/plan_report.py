@@ -6,13 +6,15 @@ import textwrap
 from typing import TYPE_CHECKING
 
 from config.commands import node_parts
+from config.performance.forecast import Forecast
+from config.performance.text import forecast_lines
 from config.plan import SHOWN
 
 if TYPE_CHECKING:
     from config.pipeline import Planned
 
 
-def plan_lines(planned: Planned, width: int = 100) -> list[str]:
+def plan_lines(planned: Planned, width: int = 100, expected: Forecast | None = None) -> list[str]:
     plan, model, hw = planned.plan, planned.model, planned.hardware
     lines = [
         f"hardware:  {hw.name}  [{hw.source}]",
@@ -43,6 +45,11 @@ def plan_lines(planned: Planned, width: int = 100) -> list[str]:
     lines.append("memory (per GPU)" if plan.device == "cuda" else "memory (CPU engine)")
     for label, value in plan.memory.table():
         lines.append(f"  {label:40} {value:>16}")
+    if expected is not None:
+        lines.append("")
+        lines.append("expected (the performance model, BENCHMARKS.md#prediction):")
+        for line in forecast_lines(expected):
+            lines.extend(textwrap.wrap(line, width=width, initial_indent="  ", subsequent_indent="      "))
     if plan.warnings:
         lines.append("")
         lines.extend(f"warning: {w}" for w in plan.warnings)
@@ -65,5 +72,5 @@ def plan_lines(planned: Planned, width: int = 100) -> list[str]:
     return lines
 
 
-def print_plan(planned: Planned) -> None:
-    print("\n".join(plan_lines(planned)))
+def print_plan(planned: Planned, expected: Forecast | None = None) -> None:
+    print("\n".join(plan_lines(planned, expected=expected)))

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from backend.runtime.status import EngineStatus, read_status
+from config.performance.text import forecast_lines
 from config.settings import Settings
 
 NAME = "status"
@@ -71,5 +72,7 @@ def show(status: EngineStatus) -> None:
     w = status.warmup
     if w is not None and not w.disabled:
         print(f"warm-up: first TTFT {w.first_ttft_s * 1000:.0f} ms, steady {w.steady_ttft_s * 1000:.0f} ms")
+    if status.expected is not None:
+        print("expected:", *(f"  {line}" for line in forecast_lines(status.expected)), sep="\n")
     if status.error:
         print(f"error:   {status.error}")

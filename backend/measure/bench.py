@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 
 from backend.engine_api import models, root_url
 from backend.errors import UsageError
+from backend.measure.expected import LevelCheck, expected_table
 from backend.measure.levels import LEVEL_TIME_CAP_S, Load, Target, measure_level, measure_page_level
 from backend.measure.stats import Level
 from backend.prompts import prompt_shapes
@@ -77,6 +78,8 @@ class BenchRow(Level):
     path: str
     keepalive: bool | None = None
     setup: str = ""
+    expected: LevelCheck | None = None
+    """The performance model's prediction for this level and its error (``expected``)."""
 
     @property
     def variant(self) -> str:
@@ -87,6 +90,8 @@ class BenchRow(Level):
         data = super().json_shape(data)
         head = {"path": data.pop("path"), "variant": self.variant, "keepalive": data.pop("keepalive")}
         setup = data.pop("setup")
+        if data.get("expected") is None:
+            data.pop("expected", None)
         return {**({"setup": setup} if setup else {}), **head, **data}
 
     @classmethod
@@ -336,6 +341,8 @@ def table(report: BenchReport) -> str:
             f"{_f(line['ttft_p50'], digits=2)}x, TPOT p50 {_f(line['tpot_p50'], digits=2)}x, "
             f"tok/s {_f(line['output_tokens_per_s'], digits=2)}x"
         )
+    if expected := expected_table(report.results):
+        lines += ["", expected]
     return "\n".join(lines)
 
 

@@ -109,6 +109,8 @@ def plot_bench(report: BenchReport, path: Path) -> str | None:
             ax_t.plot(xs, [r.ttft_p50_ms for r in rows], "o-", color=color, label=f"{name} p50")
             ax_t.plot(xs, [r.ttft_p99_ms for r in rows], "s--", color=color, label=f"{name} p99")
             ax_r.plot(xs, [r.output_tokens_per_s for r in rows], "o-", color=color, label=name)
+        for path, shade in (("direct", "black"), ("page", "grey")):
+            _predicted(report, path, shade, ax_t, ax_r)
         levels = report.config["levels"]
         for ax, title, ylabel in (
             (ax_t, "Time to first token", "TTFT (ms)"),
@@ -130,6 +132,18 @@ def plot_bench(report: BenchReport, path: Path) -> str | None:
         )
 
     return _save(path, (12, 4.8), draw)
+
+
+def _predicted(report: BenchReport, path: str, shade: str, ax_t: Any, ax_r: Any) -> None:
+    """The performance model's TTFT p50 and tokens/s for ``path``'s levels: a dotted line in its band."""
+    by_level = {r.concurrency: r.expected.predicted for r in report.results if r.path == path and r.expected}
+    if not by_level:
+        return
+    xs = sorted(by_level)
+    for ax, key, label in ((ax_t, "ttft_p50_ms", "p50 predicted"), (ax_r, "output_tokens_per_s", "predicted")):
+        figs = [getattr(by_level[x], key) for x in xs]
+        ax.plot(xs, [f.point for f in figs], "^:", color=shade, label=f"{path} {label}")
+        ax.fill_between(xs, [f.low for f in figs], [f.high for f in figs], color=shade, alpha=0.12, linewidth=0)
 
 
 def plot_tune(report: TuneReport, path: Path) -> str | None:

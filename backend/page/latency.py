@@ -24,6 +24,10 @@ from backend.engine_api import ChatResult
 from backend.measure.plots import setup_of
 from backend.measure.stats import percentile, ratio_of_medians, tpot_s
 from config.compare import PLAN_LABEL as PLAN
+from config.performance.forecast import Forecast
+from config.performance.prediction import Load
+from config.performance.text import figure, number, signed
+from config.plan import Plan
 
 TIMING_KEY = "timing"
 """Where a reply message's metadata keeps its row."""
@@ -277,6 +281,35 @@ def panel_markdown(rows: list[dict[str, Any]], title: str) -> str:
     if any(r.get("queue_ms") is None for r in rows):
         lines += ["", f"_–: not measured ({NOT_REPORTED}, or no first token)._"]
     return "\n".join(lines)
+
+
+def expected_markdown(rows: list[dict[str, Any]], forecast: Forecast | None, plan: Plan | None) -> str:
+    """This series' TTFT and tok/s p50 beside what the performance model expects for one user with its
+    prompts and replies (their medians), through the page; empty without replies or a prediction."""
+    ttft = [float(r["ttft_ms"]) for r in rows if isinstance(r.get("ttft_ms"), (int, float))]
+    speed = [
+        float(r["decode_tok_s"]) for r in rows if isinstance(r.get("decode_tok_s"), (int, float)) and r["decode_tok_s"]
+    ]
+    if forecast is None or plan is None or not ttft:
+        return (
+            "" if forecast is not None or not ttft else "_No prediction to compare with: the engine's status has none._"
+        )
+    prompt = round(statistics.median(int(r.get("prompt_tokens") or 1) for r in rows))
+    reply = round(statistics.median(int(r.get("output_tokens") or 1) for r in rows))
+    p = forecast.again(plan, Load(1, (max(prompt, 1),), max(reply, 2), requests=4, path="page"))
+    measured_ttft = statistics.median(ttft)
+    line = (
+        f"**Expected for one user** ({prompt}-token prompts, {reply}-token replies, through the page): TTFT p50 "
+        f"{figure(p.ttft_p50_ms, ' ms')} against this series' {measured_ttft:.0f} ms "
+        f"({signed(p.ttft_p50_ms.point, measured_ttft)})"
+    )
+    if speed:
+        measured_speed = statistics.median(speed)
+        line += (
+            f"; {number(p.per_user_tokens_per_s.point)} tok/s per reply against {measured_speed:.1f} "
+            f"({signed(p.per_user_tokens_per_s.point, measured_speed)})"
+        )
+    return f"{line}. _Host costs: {forecast.costs.source}._"
 
 
 # -- every chat of a user, since the page started ------------------------------------------------

@@ -20,6 +20,7 @@ from backend.page.latency import (
     TIMING_KEY,
     AllChats,
     EngineStarts,
+    expected_markdown,
     panel_markdown,
     rows_of,
     split_line,
@@ -28,7 +29,9 @@ from backend.page.latency import (
     to_json,
 )
 from backend.page.link import Target
+from backend.runtime.rundir import RunDir
 from config.compare import PLAN_LABEL
+from config.settings import load_settings
 
 COMMAND = "latency"
 OPTIONS = ("", "reset", "all")
@@ -103,7 +106,15 @@ async def show(args: str, all_chats: AllChats) -> None:
             cl.File(name=f"latency-{stamp}.csv", content=to_csv(rows), mime="text/csv", display="inline"),
             cl.File(name=f"latency-{stamp}.json", content=to_json(rows), mime="application/json", display="inline"),
         ]
-    await say(panel_markdown(rows, title), elements)
+    expected = await asyncio.to_thread(beside_expected, rows)  # a prediction takes a moment: off the event loop
+    await say(panel_markdown(rows, title) + (f"\n\n{expected}" if expected else ""), elements)
+
+
+def beside_expected(rows: list[dict[str, Any]]) -> str:
+    """The series beside the running plan's prediction for one user (``latency.expected_markdown``)."""
+    run_dir = RunDir(load_settings().engine.run_dir)
+    status = run_dir.status()
+    return expected_markdown(rows, status.expected if status else None, run_dir.plan())
 
 
 async def say(text: str, elements: list[cl.Element] | None = None) -> None:

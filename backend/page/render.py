@@ -10,6 +10,7 @@ from pathlib import Path
 from backend.engine_api import ChatResult
 from backend.runtime.rundir import RunDir
 from backend.runtime.status import EngineStatus
+from config.performance.text import markdown
 
 PAGE_MARKER = "<!-- engine-plan -->"
 """Where the live plan goes in the tracked ``chainlit.md`` template."""
@@ -64,6 +65,8 @@ def plan_markdown(status: EngineStatus | None, run_dir: RunDir) -> str:
             f"**Warm-up:** first token {w.first_ttft_s * 1000:.0f} ms on the first request, "
             f"{w.steady_ttft_s * 1000:.0f} ms once warm  "
         )
+    if status.expected is not None:
+        lines += markdown(status.expected)
     if status.demo:
         lines += ["", "> ⚠️ **Demo model: random weights.** Answers are noise; serve real weights with `--model`."]
     if status.plan_reasons:

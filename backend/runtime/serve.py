@@ -36,11 +36,10 @@ from backend.runtime.components.mps import MpsDaemon
 from backend.runtime.components.placement import check_ports, plan_engines
 from backend.runtime.components.router import Router, RouterConfig, RouterError, Worker
 from backend.runtime.display import DEMO_BANNER, Display
+from backend.runtime.expectation import expected_after_warmup
 from backend.runtime.keeper import Keeper
 from backend.runtime.multinode.cluster import Head, join_lines, open_join_point
-from backend.runtime.multinode.node_identity import (
-    head_ip,
-)
+from backend.runtime.multinode.node_identity import head_ip
 from backend.runtime.processes.leftovers import find_leftovers, stop_leftovers
 from backend.runtime.processes.process import IN_USE, ChildGroup, bind_problem
 from backend.runtime.processes.runlock import RunLock, claims_for, port_claim
@@ -49,11 +48,8 @@ from backend.runtime.rundir import RunDir
 from backend.runtime.status import EngineStatus, StartupRecord, WarmupRecord
 from backend.runtime.supervisor import Supervisor
 from backend.runtime.warmup import WarmupError, warm_up
-from config.commands import (
-    HEAD_ADDRESS,
-    MASTER_PORT,
-    router_metrics_port,
-)
+from config.commands import HEAD_ADDRESS, MASTER_PORT, router_metrics_port
+from config.performance.text import summary
 from config.pipeline import Planned, plan_for
 from config.plan import Plan
 from config.settings import Settings
@@ -347,6 +343,8 @@ class Server:
                 f"{record.requests} requests in {record.duration_s:.1f} s"
                 + (f", on each of {len(self.engines)} engines" if self.planned.plan.routed else "")
             )
+        self.status.expected, how = expected_after_warmup(self.settings, self.planned, record)
+        self.say(f"expected: {summary(self.status.expected.at_load)}; {how}")
 
     def _warm_together(self, engines: list[Engine], plan: Plan) -> list[WarmupRecord]:
         """Warm a wave's engines at the same time (they share no GPU, or CPU engines on cores of their own;

@@ -16,6 +16,8 @@ from pydantic import BaseModel, Field, ValidationError, model_serializer
 
 from backend.runtime.processes.groups import alive
 from backend.runtime.processes.leftovers import find_leftovers
+from config.performance.calibrate import WarmupSample
+from config.performance.forecast import Forecast
 
 State = Literal["starting", "loading", "warming", "ready", "failed", "stopped"]
 LIVE_STATES = ("starting", "loading", "warming", "ready")
@@ -52,6 +54,8 @@ class WarmupRecord(BaseModel):
     """Per request path (``warmup.KINDS``): chat or completions, streamed or whole, sampled or greedy.
     ``first_ttft_s`` / ``steady_ttft_s`` above are the page's path (chat, streamed, sampled)."""
     duration_s: float = 0.0
+    samples: list[WarmupSample] = Field(default_factory=list)
+    """Every timed request of the shapes the performance model calibrates from (``calibrate``)."""
 
 
 class StartupRecord(BaseModel):
@@ -177,6 +181,9 @@ class EngineStatus(BaseModel):
     """This run's name where two setups are compared (``plan``, or the compared one's); empty otherwise."""
     compared: ComparedRecord | None = None
     """The setup compared beside this plan (``up --compare``), whose status is in its own run directory."""
+    expected: Forecast | None = None
+    """What the plan is expected to deliver (the performance model), with this host's costs once the
+    warm-up calibrated them."""
 
 
 def write_status(run_dir: Path, status: EngineStatus) -> None:

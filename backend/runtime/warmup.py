@@ -10,6 +10,9 @@ not the path it came by: on CPU each of the 8 paths' long prompt cost a second);
 the planned concurrency, and a full prefill chunk of concurrent medium prompts; until every
 replica has answered. Each request must return tokens. The record (first against steady
 first-token latency, per path) also sets the chat page's first-token timeout.
+
+The three prompts go once more alone once everything is compiled, and every timed request is kept
+as a sample (``WarmupSample``): the performance model calibrates this host's costs from them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from backend.engine_api import KINDS, ChatResult, Kind, count_tokens, fetch_metr
 from backend.errors import WarmupError
 from backend.prompts import LONG_CAP, prompt_of, sized_prompt, tokens_per_word
 from backend.runtime.status import KindWarmth, WarmupRecord
+from config.performance.calibrate import WarmupSample
 from config.plan import Plan
 from config.sampling import Sampling
 
@@ -58,11 +62,14 @@ async def warm_up(
     say = on_progress or (lambda _msg, _frac: None)
     t0 = time.perf_counter()
     results: list[tuple[str, ChatResult]] = []
+    samples: list[WarmupSample] = []
     timeout = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=600.0)
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
 
-        async def one(shape: str, words: int, kind: Kind = KINDS[0]) -> ChatResult:
+        async def one(
+            shape: str, words: int, kind: Kind = KINDS[0], *, together: int = 1, rnd: int = 0, tokens: int = 0
+        ) -> ChatResult:
             res = await request(
                 client,
                 base_url,
@@ -76,6 +83,8 @@ async def warm_up(
             results.append((shape, res))
             if not res.ok:
                 raise WarmupError(f"warm-up request ({shape}, {kind.name}) failed: {res.error or 'no tokens'}")
+            if kind.stream and shape in SAMPLED_SHAPES:
+                samples.append(_sample(shape, res, together, rnd, tokens))
             return res
 
         say("first request", 0.0)
@@ -86,8 +95,8 @@ async def warm_up(
         med_words, med_n = sized_prompt(medium_tokens, per_word)
         long_words, long_n = sized_prompt(long_tokens, per_word)
         short_n = await count_tokens(client, base_url, model, prompt_of(12), api_key)
-        shapes = [("short", 12), ("medium", med_words), ("long", long_words)]
-        for i, (shape, words) in enumerate(shapes):
+        shapes = [("short", 12, short_n), ("medium", med_words, med_n), ("long", long_words, long_n)]
+        for i, (shape, words, _) in enumerate(shapes):
             say(f"{shape} prompt", 0.1 + 0.1 * i)
             await one(shape, words)  # a prompt's length shapes the engine's kernels, whatever its path
 
@@ -101,7 +110,16 @@ async def warm_up(
         for rnd in range(MAX_ROUNDS):
             say(f"{concurrency} concurrent requests (round {rnd + 1})", 0.4 + 0.1 * rnd)
             batch = await asyncio.gather(
-                *(one("concurrent", 12 + j % 3 * med_words // 3, KINDS[j % len(KINDS)]) for j in range(concurrency))
+                *(
+                    one(
+                        "concurrent",
+                        12 + j % 3 * med_words // 3,
+                        KINDS[j % len(KINDS)],
+                        together=concurrency,
+                        rnd=rnd + 1,
+                    )
+                    for j in range(concurrency)
+                )
             )
             rounds.append([r.ttft_s or 0.0 for r in batch])
             replicas_seen = await _replicas_served(client, base_url)
@@ -112,6 +130,9 @@ async def warm_up(
         if len(replicas_seen) < replicas:
             raise WarmupError(f"only replicas {replicas_seen} answered during warm-up; {replicas} were started")
 
+        say("each prompt again, alone", 0.92)
+        for shape, words, tokens in shapes:
+            await one(f"{shape} {AGAIN}", words, tokens=tokens)
         say("steady state", 0.95)
         steadies = {kind.name: [await one("steady", 12, kind) for _ in range(STEADY_PER_KIND)] for kind in KINDS}
 
@@ -144,6 +165,34 @@ async def warm_up(
         by_shape=by_shape,
         by_kind=by_kind,
         duration_s=round(time.perf_counter() - t0, 2),
+        samples=samples,
+    )
+
+
+AGAIN = "again"
+SAMPLED_SHAPES = (
+    "short",
+    "medium",
+    "long",
+    f"short {AGAIN}",
+    f"medium {AGAIN}",
+    f"long {AGAIN}",
+    "concurrent",
+    "steady",
+)
+"""The shapes kept as samples: each prompt alone (twice), the concurrent rounds, the steady requests."""
+
+
+def _sample(shape: str, res: ChatResult, together: int, rnd: int, tokens: int) -> WarmupSample:
+    """A timed request as the calibration reads it; its prompt as the engine counted it, where it said."""
+    return WarmupSample(
+        shape=shape.removesuffix(f" {AGAIN}"),
+        prompt_tokens=res.prompt_tokens or tokens or 1,
+        concurrency=together,
+        round=rnd,
+        ttft_s=round(res.ttft_s or 0.0, 5),
+        total_s=round(res.total_s, 5),
+        tokens=res.tokens,
     )
 
 

@@ -109,6 +109,17 @@ def _gib(value: Any) -> float:
     return value
 
 
+def _positive(unit: str) -> Callable[[Any], float]:
+    def check(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _bad(f"must be a number of {unit}, like 600 or 3350")
+        if not value > 0 or math.isinf(value):
+            raise _bad("must be greater than 0")
+        return float(value)
+
+    return check
+
+
 def _capability(value: Any) -> tuple[int, int]:
     match = _CAPABILITY.match(value.strip()) if isinstance(value, str) else None
     if match is None:
@@ -173,6 +184,8 @@ Text = Annotated[str, PlainValidator(_string)]
 OptionalWhole1 = Annotated[int | None, PlainValidator(_whole(1))]
 OptionalText = Annotated[str | None, PlainValidator(_string)]
 GiB = Annotated[float, PlainValidator(_gib)]
+OptionalGBs = Annotated[float | None, PlainValidator(_positive("GB/s"))]
+OptionalTflops = Annotated[float | None, PlainValidator(_positive("TFLOP/s"))]
 
 
 # --------------------------------------------------------------------------- the file's shape
@@ -192,6 +205,10 @@ class GPUTable(_Table):
     link: Annotated[str, PlainValidator(_link)] = "pcie"
     pcie_gen: OptionalWhole1 = None
     pcie_width: Annotated[int | None, PlainValidator(_pcie_width)] = None
+    memory_bandwidth_gbs: OptionalGBs = None
+    """Peak memory bandwidth from the GPU's spec sheet (the performance model's decode bound)."""
+    bf16_tflops: OptionalTflops = None
+    """Dense bf16 (fp16 without bf16) tensor TFLOP/s from the spec sheet, without sparsity."""
 
     def to_gpus(self, first_index: int) -> list[GPUInfo]:
         """The table's GPUs with consecutive indexes from ``first_index``."""
@@ -207,6 +224,8 @@ class GPUTable(_Table):
                 pcie_width=self.pcie_width,
                 pcie_gen_max=self.pcie_gen,
                 pcie_width_max=self.pcie_width,
+                memory_bandwidth_gbs=self.memory_bandwidth_gbs,
+                bf16_tflops=self.bf16_tflops,
             )
             for i in range(self.count)
         ]

@@ -35,6 +35,12 @@ class GPUInfo(BaseModel):
     pcie_width: int | None = None
     pcie_gen_max: int | None = None
     pcie_width_max: int | None = None
+    memory_bandwidth_gbs: float | None = Field(default=None, gt=0)
+    """Peak memory bandwidth in GB/s (the spec sheet's figure); what a decode step's weight and KV reads
+    stream against. None: not known (the performance model then says it assumed one)."""
+    bf16_tflops: float | None = Field(default=None, gt=0)
+    """Dense tensor-core TFLOP/s at bf16 (fp16 where the GPU has no bf16), from the spec sheet, without
+    sparsity; what a prefill computes against. None: not known."""
 
     @property
     def runs_vllm(self) -> bool:

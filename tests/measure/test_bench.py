@@ -196,6 +196,17 @@ def test_bench_cli_writes_json_and_png(engine: Engine, tmp_path: Path) -> None:
     assert variants == {(v, c) for v in ("direct keep-alive on", "direct keep-alive off") for c in levels}
     assert all(r["errors"] == 0 and r["ok"] == 2 for r in report["results"])
     assert "TTFT p50/p99 ms" in done.stdout and "direct keep-alive off" in done.stdout
+    # each level beside the performance model's prediction for its load, with the signed error
+    assert "predicted vs measured" in done.stdout and "outside the predicted band" in done.stdout
+    for r in report["results"]:
+        predicted, errors = r["expected"]["predicted"], r["expected"]["error_pct"]
+        assert predicted["users"] == r["concurrency"] and predicted["reply_tokens"] == 8
+        assert predicted["prompt_tokens"] == [report["config"]["prompt_mix"][k]["tokens"] for k in ("short", "medium")]
+        measured = r["output_tokens_per_s"]
+        assert errors["output_tokens_per_s"] == pytest.approx(
+            (predicted["output_tokens_per_s"]["point"] / measured - 1) * 100, abs=0.06
+        )
+    assert any(n.startswith("predicted with host costs: calibrated on this machine") for n in report["notes"])
     if has_matplotlib():
         assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:

@@ -7,6 +7,7 @@ candidate; candidates and the choice are tested in test_tune_candidates and test
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,10 @@ def test_tune_dry_run_lists_candidates_without_starting_engines(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     listed = [line for line in done.stdout.splitlines() if line.startswith("  ") and ". " in line[:6]]
     assert len(listed) == 3 and listed[0].strip().startswith("1. default"), done.stdout
+    assert all(" predicted " in line and " tok/s" in line and "bound: " in line for line in listed), done.stdout
+    valid = int(re.search(r"(\d+) valid candidates ranked by prediction", done.stdout)[1])  # type: ignore[index]
+    assert f"measuring the 3 best, {valid - 3} skipped" in done.stdout
+    assert "predicted with host costs: defaults fitted to BENCHMARKS.md#headline" in done.stdout
     assert not (tmp_path / "tuned").exists()
 
 
@@ -170,6 +175,14 @@ def test_tune_on_this_machine_measures_the_default_and_saves_its_profile(engine:
     assert (measured["target"]["ok"], measured["target"]["errors"], measured["single"]["ok"]) == (4, 0, 4)
     assert measured["target"]["client_processes"] == 1, "two cores: the engine needs them more than the client"
     assert report["default_vs_best"]["default_within_5pct"] is True
+    # ranked by the performance model; the measured one's prediction and how far it was off
+    assert report["ranked_out"] == report["candidates_valid"] - 2 and report["predicted_with"]
+    assert measured["predicted"]["users"] == 2 and set(measured["prediction_error_pct"]) == {
+        "output_tokens_per_s",
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+    }
+    assert re.search(r"predicted tokens/s [+-]\d+ %, TTFT p99 [+-]\d+ %", done.stdout), done.stdout
     profile = Path(report["profile"])
     assert profile.parent == tmp_path / "tuned" and json.loads(profile.read_text())["winner"] == "default"
     if has_matplotlib():

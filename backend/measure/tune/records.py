@@ -14,6 +14,7 @@ from pydantic import BaseModel, model_serializer
 from backend.measure.stats import Level
 from backend.prompts import Shape
 from backend.runtime.status import StartupRecord
+from config.performance.prediction import Prediction
 
 
 def _drop_absent(data: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
@@ -42,13 +43,31 @@ class CandidateRecord(BaseModel):
     """The level at concurrency 1 (reported beside it)."""
     wall_s: float | None = None
     """The candidate's whole time: start, warm-up, both levels, stop."""
+    predicted: Prediction | None = None
+    """The performance model's figures at the target concurrency (what ranked it)."""
+
+    @property
+    def prediction_error_pct(self) -> dict[str, float] | None:
+        """(predicted / measured - 1) x 100 at the target: tokens/s, TTFT p50 and p99."""
+        p, m = self.predicted, self.target
+        if p is None or m is None or not m.output_tokens_per_s or not m.ttft_p50_ms or not m.ttft_p99_ms:
+            return None
+        pairs = (
+            ("output_tokens_per_s", p.output_tokens_per_s.point, m.output_tokens_per_s),
+            ("ttft_p50_ms", p.ttft_p50_ms.point, m.ttft_p50_ms),
+            ("ttft_p99_ms", p.ttft_p99_ms.point, m.ttft_p99_ms),
+        )
+        return {key: round((ours / theirs - 1) * 100, 1) for key, ours, theirs in pairs}
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: Any) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         if self.startup_s is None:
             data.pop("startup", None)
-        return _drop_absent(data, ("startup_s", "note", "target", "single", "wall_s"))
+        data["prediction_error_pct"] = self.prediction_error_pct
+        return _drop_absent(
+            data, ("startup_s", "note", "target", "single", "wall_s", "predicted", "prediction_error_pct")
+        )
 
 
 class DefaultVsBest(BaseModel):
@@ -91,6 +110,11 @@ class TuneReport(BaseModel):
     """name, pins and values of each candidate chosen to run, in order."""
     refused: list[str]
     skipped: list[str]
+    """Chosen candidates the time budget left out."""
+    ranked_out: int = 0
+    """Valid candidates not chosen: predicted below the chosen (``ranking``)."""
+    predicted_with: str = ""
+    """Where the predictions' host costs came from."""
     measured: list[CandidateRecord]
     best: str | None
     why: str

@@ -1,0 +1,27 @@
+"""The performance model: what a plan delivers under a load (TTFT, TPOT, tokens/s) and what bounds it.
+
+- ``costs``: the host's CPU costs per step, token and request (defaults, or calibrated on this machine).
+- ``layout``: what the model reads of a plan, or of ``vllm serve``'s defaults on the same hardware.
+- ``step``: one engine step's time, host against device; ``simulate``: one engine core under its users.
+- ``prediction``: the prediction, its band and its bound; ``calibrate``: the host's costs from a warm-up.
+- ``text``: the prediction as lines for ``plan``, ``status`` and the page.
+"""
+
+from config.performance.costs import CPU_HOST_DEFAULTS, GPU_HOST_DEFAULTS, HostCosts, default_costs
+from config.performance.layout import Layout, layout_of, vllm_defaults
+from config.performance.prediction import BOUNDS, Figure, Load, Prediction, predict
+
+__all__ = [
+    "BOUNDS",
+    "CPU_HOST_DEFAULTS",
+    "GPU_HOST_DEFAULTS",
+    "Figure",
+    "HostCosts",
+    "Layout",
+    "Load",
+    "Prediction",
+    "default_costs",
+    "layout_of",
+    "predict",
+    "vllm_defaults",
+]

@@ -1,0 +1,162 @@
+"""The host's costs from the warm-up's own requests: the model is fitted to what this machine just did.
+
+The warm-up sends short, medium and long prompts one at a time and rounds of concurrent requests, every
+reply the same length. Each cost is set so that the model gives what was measured, one at a time and in
+an order where each figure depends mostly on one cost: the prompts' first-token times against their
+lengths give the compute rate (the CPU engine's FLOP/s per core, a GPU's share of its peak), the short
+prompt's first token the per-request cost (last, as every other cost moves it), one user's time per
+output token the per-step cost, and the concurrent round's the per-sequence cost. Twice over, since each
+fit moves the others a little.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+
+from pydantic import BaseModel
+
+from config.model import ModelSpec
+from config.performance.costs import HostCosts
+from config.performance.layout import Layout
+from config.performance.prediction import Load, simulate_load
+from config.performance.step import percentile
+
+PASSES = 2
+SEQ_RANGE = 4.0
+"""The per-sequence cost is fitted within this factor of the default: a round of 16-token replies is mostly
+its prompts' reading, so it says little more about it."""
+QUICK = 25
+"""The percentile of a shape's repeated samples the calibration fits to (see ``_quick``)."""
+BISECTIONS = 24
+SINGLE_SHAPES = ("short", "medium", "long")
+
+
+class WarmupSample(BaseModel):
+    """One warm-up request as measured: its shape, its prompt, how many went with it, and its times."""
+
+    shape: str
+    """'short', 'medium', 'long' (alone), 'concurrent' (a round), 'steady' (alone, short)."""
+    prompt_tokens: int
+    concurrency: int
+    """Requests sent together with it (its round), itself included."""
+    round: int = 0
+    """Which concurrent round (0 for requests sent alone)."""
+    ttft_s: float
+    total_s: float
+    tokens: int
+
+    @property
+    def tpot_s(self) -> float | None:
+        return (self.total_s - self.ttft_s) / (self.tokens - 1) if self.tokens > 1 else None
+
+
+class CalibrationError(ValueError):
+    """The warm-up did not measure what a calibration needs (it was off, or its requests failed)."""
+
+
+def _alone(samples: Sequence[WarmupSample], shape: str) -> list[WarmupSample]:
+    return [s for s in samples if s.shape == shape and s.concurrency == 1 and s.tokens > 1]
+
+
+def _quick(values: list[float]) -> float:
+    """The lower quartile (of two or three: the least): what a request takes when nothing else holds a core."""
+    return percentile(values, QUICK) if len(values) > 3 else min(values)
+
+
+def _solve(fn: Callable[[float], float], target: float, lo: float, hi: float, rising: bool) -> float:
+    """The x in [lo, hi] (geometric bisection) where ``fn(x)`` meets ``target``; ``rising``: fn grows with x."""
+    for _ in range(BISECTIONS):
+        mid = (lo * hi) ** 0.5
+        if (fn(mid) < target) == rising:
+            lo = mid
+        else:
+            hi = mid
+    return (lo * hi) ** 0.5
+
+
+def calibrate(
+    layout: Layout,
+    model: ModelSpec,
+    samples: Sequence[WarmupSample],
+    base: HostCosts,
+    *,
+    measured_on: str,
+    measured_at: str,
+) -> HostCosts:
+    """``base`` with the costs the warm-up's ``samples`` measure refitted on ``layout`` (one engine of the
+    run's plan, as each engine is warmed alone). Raises CalibrationError when a figure is missing."""
+    singles = {shape: _alone(samples, shape) for shape in SINGLE_SHAPES}
+    singles["short"] += _alone(samples, "steady")
+    rounds = [s for s in samples if s.shape == "concurrent" and s.tokens > 1]
+    if not all(singles.values()):
+        raise CalibrationError("the warm-up measured no short, medium and long prompt alone (was it off?)")
+    reply = max(s.tokens for s in samples)
+    # The host's own pace, not what other processes left of it: the short prompt went often, its lower
+    # quartile; the others went twice, the quicker (the first may have compiled too). A 16-token reply's
+    # time per token is as often cut short (its tokens held back, then sent at once) as drawn out: the median.
+    ttft = {k: _quick([s.ttft_s for s in v]) for k, v in singles.items()}
+    prompt = {k: round(statistics.median(s.prompt_tokens for s in v)) for k, v in singles.items()}
+    tpot = statistics.median(s.tpot_s or 0.0 for s in singles["short"])
+    last = max((s.round for s in rounds), default=0)
+    final = [s for s in rounds if s.round == last]
+    costs = base.model_copy(update={"kind": "calibrated"})
+
+    def alone(c: HostCosts, shape: str) -> dict[str, float]:
+        return simulate_load(layout, model, Load(1, (prompt[shape],), reply, requests=1), c)
+
+    def spread(c: HostCosts) -> float:
+        return alone(c, "long")["ttft_s"] - alone(c, "short")["ttft_s"]
+
+    def one_tpot(c: HostCosts) -> float:
+        return alone(c, "short")["tpot_s"]
+
+    together = max((s.concurrency for s in final), default=1)
+    crowd = Load(together, tuple(s.prompt_tokens for s in final) or (1,), reply, requests=together)
+
+    def crowd_tpot(c: HostCosts) -> float:
+        return simulate_load(layout, model, crowd, c)["tpot_mean_s"]
+
+    rate_key = "cpu_gflops_per_core" if layout.device == "cpu" else "gpu_efficiency"
+    rate_hi = 1.0 if layout.device == "cuda" else base.cpu_gflops_per_core * 50
+    for _ in range(PASSES):
+        if ttft["long"] > ttft["short"]:
+            costs = _fitted(
+                costs, rate_key, spread, ttft["long"] - ttft["short"], getattr(base, rate_key) / 50, rate_hi
+            )
+        costs = _fitted(costs, "step_ms", one_tpot, tpot, 0.01, 500.0)
+        if len(final) > 1:
+            want = statistics.median(s.tpot_s or 0.0 for s in final)
+            costs = _fitted(costs, "seq_us", crowd_tpot, want, base.seq_us / SEQ_RANGE, base.seq_us * SEQ_RANGE)
+        costs = _fitted_request(costs, lambda c: alone(c, "short")["ttft_s"], ttft["short"])
+    fit = {f"{shape}_ttft_ms": round((alone(costs, shape)["ttft_s"] - ttft[shape]) * 1e3, 2) for shape in ttft}
+    fit["tpot_ms"] = round((alone(costs, "short")["tpot_s"] - tpot) * 1e3, 3)
+    return costs.model_copy(
+        update={
+            "measured_on": measured_on,
+            "measured_at": measured_at,
+            "fit": fit,
+            "source": f"calibrated on this machine ({measured_on}) from the warm-up of {measured_at}: "
+            f"{len(samples)} requests",
+        }
+    )
+
+
+def _fitted_request(costs: HostCosts, measure: Callable[[HostCosts], float], target: float) -> HostCosts:
+    """``costs`` with the per-request cost and latency (in their proportion) where ``measure`` meets ``target``."""
+    share = costs.request_ms / max(costs.request_ms + costs.latency_ms, 1e-9)
+
+    def split(total_ms: float) -> HostCosts:
+        return costs.model_copy(update={"request_ms": total_ms * share, "latency_ms": total_ms * (1 - share)})
+
+    return split(_solve(lambda x: measure(split(x)), target, 1e-3, 1e4, rising=True))
+
+
+def _fitted(
+    costs: HostCosts, key: str, measure: Callable[[HostCosts], float], target: float, lo: float, hi: float
+) -> HostCosts:
+    """``costs`` with ``key`` set where ``measure`` meets ``target`` (in [lo, hi]; ``measure`` moves one
+    way with it: tested at both ends)."""
+    rising = measure(costs.model_copy(update={key: hi})) >= measure(costs.model_copy(update={key: lo}))
+    value = _solve(lambda x: measure(costs.model_copy(update={key: x})), target, lo, hi, rising)
+    return costs.model_copy(update={key: value})

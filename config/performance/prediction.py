@@ -1,0 +1,337 @@
+"""What a plan delivers under a load: TTFT p50 / p99, TPOT p50, output tokens/s in all and per user, each
+a point and a band, and what bounds it.
+
+Users are spread over the engine cores as the router (or vLLM's balancer) does; each core is simulated
+(``simulate``) with its users. What the cores share is settled by a few rounds of a fixed point: the host's
+cores (a busy-waiting engine core each, API servers, router and page by their load; more demand than
+cores slows every host cost) and a GPU shared by several engines (the others' device time in its way,
+less under MPS, whose kernels run at once). The band is the same prediction with the host's costs and the
+device's rates a calibration's error apart (wider before any calibration).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from config.model import ModelSpec
+from config.performance.costs import HostCosts
+from config.performance.layout import Layout
+from config.performance.simulate import EngineRun, Front, Pool, simulate
+from config.performance.step import ShapeCosts, StepModel, percentile
+
+Path = Literal["api", "page"]
+ROUNDS = 4
+"""Fixed-point rounds for what engines share (host cores, a GPU)."""
+REQUESTS_PER_USER = 4
+MIN_REQUESTS = 32
+"""``vllm bench serve``'s count: max(32, 4 x concurrency)."""
+MAX_SIMULATED = 2048
+"""Requests simulated per engine core at most: a bigger load sends fewer per user (one at least)."""
+SETTLED = 0.01
+"""The fixed point holds once neither slowing moves by more than this share."""
+BAND = {"calibrated": 0.15, "default": 0.35}
+"""How far the host's costs may be from the ones used, by their kind: the band's two ends."""
+ASSUMED_DEVICE_BAND = 0.5
+"""The device rates' spread where no profile gives the GPU's figures."""
+BUSY_WAIT_CORES = 1.0
+"""A GPU engine core spins on its step's end: a core each (BENCHMARKS.md#engines-per-gpu)."""
+MPS_WEIGHT = 0.5
+"""Under MPS the other engines' kernels run beside this one's: about half their time is in its way."""
+HOST_LOAD = 0.7
+"""Each host process is slower by up to this share as the cores fill (lower clocks, shared caches)."""
+OVERSUBSCRIBED = 0.1
+"""Demand this far beyond the cores names them the bound."""
+WORKER_HOST_SHARE = 0.2
+"""The CPU engine's worker keeps its threads busy this much beyond its compute: its Python between kernels."""
+NICE_CORE_SHARE = 0.1
+"""An engine core at nice 19 yields its core to whatever else wants it."""
+
+
+@dataclass(frozen=True)
+class Load:
+    """Who uses it: ``users`` at once, each sending the next request when a reply ends."""
+
+    users: int
+    prompt_tokens: tuple[int, ...]
+    """Prompt lengths, taken in turn (one: every prompt that long)."""
+    reply_tokens: int
+    requests: int | None = None
+    """Requests in all; None: ``vllm bench serve``'s max(32, 4 x users)."""
+    path: Path = "api"
+    """'api': straight to the engine's API (``bench``'s direct path); 'page': through the chat page."""
+
+    def __post_init__(self) -> None:
+        if self.users < 1 or self.reply_tokens < 1 or not self.prompt_tokens or min(self.prompt_tokens) < 1:
+            raise ValueError("a load needs at least one user, one prompt token and one reply token")
+
+
+class Figure(BaseModel):
+    """A predicted figure: the point and the band around it."""
+
+    point: float
+    low: float
+    high: float
+
+    def inside(self, measured: float) -> bool:
+        return self.low <= measured <= self.high
+
+
+class Prediction(BaseModel):
+    """What ``layout`` delivers under one load."""
+
+    layout: str
+    users: int
+    prompt_tokens: list[int]
+    reply_tokens: int
+    path: Path
+    ttft_p50_ms: Figure
+    ttft_p99_ms: Figure
+    tpot_p50_ms: Figure
+    output_tokens_per_s: Figure
+    per_user_tokens_per_s: Figure
+    """A user's decode speed (1000 / TPOT p50), what the page's footer shows as tok/s."""
+    queue_ms: float
+    """Mean wait of a request before its prompt is read: front-end queues, a free slot."""
+    bound: str
+    """What sets the pace (a key of ``BOUNDS``)."""
+    bound_text: str
+    shares: dict[str, float] = Field(default_factory=dict)
+    """Share of the requests' time each cause held (the bound is the largest)."""
+    host_contention: float = 1.0
+    """Host CPU demand over its cores (above 1: every host cost slower by as much)."""
+    gpu_contention: float = 1.0
+    """A shared GPU's slowing of one engine's device time."""
+    costs: str
+    """Where the host's costs came from (``HostCosts.source``)."""
+    notes: list[str] = Field(default_factory=list)
+
+
+BOUNDS = {
+    "host_step": "host CPU per step (engine core and worker: scheduling, launching, sampling)",
+    "host_seq": "host CPU per token (engine core, per running sequence)",
+    "host_prompt": "host CPU per prompt token (engine core)",
+    "api": "host CPU per token in the API servers (detokenising, streaming)",
+    "memory": "memory bandwidth (weights and KV read every step)",
+    "compute": "prefill compute",
+    "comm": "TP/PP communication between GPUs or nodes",
+    "slot": "queueing for a batch slot (max_num_seqs or KV capacity)",
+    "front": "queueing in the front end (API servers, router, page)",
+    "cores": "host CPU cores (more busy processes than cores)",
+}
+
+
+@dataclass
+class _Outcome:
+    ttft: list[float]
+    tpot: list[float]
+    queue: list[float]
+    tokens_per_s: float
+    causes: dict[str, float]
+    host: float
+    device: float
+    oversubscribed: bool
+    """More busy processes than the host's cores."""
+
+
+def _spread(users: int, engines: int) -> list[tuple[int, int]]:
+    """(users on an engine, engines with that many): as even as the router keeps them."""
+    low, extra = divmod(users, engines)
+    groups = [(low + 1, extra), (low, engines - extra)]
+    return [(u, n) for u, n in groups if u > 0 and n > 0]
+
+
+def _per_user(load: Load) -> int:
+    total = load.requests if load.requests is not None else max(MIN_REQUESTS, REQUESTS_PER_USER * load.users)
+    return max(1, round(total / load.users))
+
+
+def _run(
+    layout: Layout, model: ModelSpec, load: Load, costs: HostCosts, settled: tuple[float, float] | None = None
+) -> _Outcome:
+    """Each distinct engine core simulated with its users; ``settled``: the host's and the GPU's slowing as
+    a run with other costs settled them (one round then), else found here (a few rounds, until they hold)."""
+    shape = ShapeCosts.of(model, layout.tp, layout.dtype_bytes)
+    host, device = settled or (1.0, 1.0)
+    groups = _spread(load.users, layout.engines)
+    per_user = _per_user(load)
+    runs: list[tuple[EngineRun, int]] = []
+    for _ in range(1 if settled else ROUNDS):
+        step = StepModel(layout, costs, shape, host=host, device_share=device)
+        runs = [
+            (
+                simulate(step, _front(layout, costs, load, host), users, load.prompt_tokens, load.reply_tokens, each),
+                count,
+            )
+            for users, count in groups
+            for each in [_requests_each(users, per_user)]
+        ]
+        if settled:
+            break
+        new_host = _host_demand(layout, costs, load, runs, step)
+        new_device = _gpu_share(layout, load, runs, shape.width_share)
+        if abs(new_host - host) <= SETTLED * host and abs(new_device - device) <= SETTLED * device:
+            break
+        host, device = (host + new_host) / 2, (device + new_device) / 2
+    return _outcome(runs, layout, host, device)
+
+
+def _requests_each(users: int, per_user: int) -> int:
+    """Requests each of an engine core's users sends in the simulation: as the load says, fewer (at least
+    one) where that would be more than ``MAX_SIMULATED``."""
+    return max(1, min(per_user, MAX_SIMULATED // users))
+
+
+def _front(layout: Layout, costs: HostCosts, load: Load, host: float) -> Front:
+    """A fresh front end (its queues empty) for one engine core's simulation."""
+    page = None
+    if load.path == "page":
+        page = Pool(max(layout.page_processes / layout.engines, 1e-3))
+    return Front(
+        page=page,
+        page_s=costs.page_ms * 1e-3 * host,
+        router_s=costs.router_ms * 1e-3 * host if layout.routed else 0.0,
+        latency_s=costs.latency_ms * 1e-3,
+        api=Pool(layout.api_servers),
+    )
+
+
+def _host_demand(
+    layout: Layout, costs: HostCosts, load: Load, runs: list[tuple[EngineRun, int]], step: StepModel
+) -> float:
+    """The host's slowing of every CPU cost: its cores' demand at these runs' rates, over its cores."""
+    c = costs
+    per_node = max(1, min(layout.engines_per_node, math.ceil(load.users / layout.nodes)))  # the ones with users
+    busiest = max((r for r, _ in runs), key=lambda r: r.tokens / r.makespan)
+    tokens_s, requests_s = busiest.tokens / busiest.makespan, busiest.requests / busiest.makespan
+    prompt = busiest.prompt_tokens / max(busiest.requests, 1)
+    api = tokens_s * step.api_token_s / step.host + requests_s * step.request_s(int(prompt)) / step.host
+    chunks_s = tokens_s / layout.stream_interval
+    router = (requests_s * c.router_ms * 1e-3 + chunks_s * c.router_chunk_us * 1e-6) if layout.routed else 0.0
+    page = requests_s * c.page_ms * 1e-3 if load.path == "page" else 0.0
+    if layout.device == "cpu":
+        engine = layout.compute_threads * min(1.0, busiest.device_s / busiest.makespan + WORKER_HOST_SHARE)
+        engine += NICE_CORE_SHARE if layout.engine_core_nice else BUSY_WAIT_CORES
+    else:
+        workers = layout.tp * layout.pp if layout.tp * layout.pp > 1 else 0
+        engine = BUSY_WAIT_CORES + workers
+    demand = per_node * (engine + api + router + page)
+    load_share = demand / layout.cores_per_node
+    return max(1.0, load_share) * (1.0 + HOST_LOAD * min(1.0, load_share))
+
+
+def _gpu_share(layout: Layout, load: Load, runs: list[tuple[EngineRun, int]], width_share: float) -> float:
+    """How much the other engines on a GPU slow one engine's device time. Time-sliced, their busy time is in
+    its way whole; under MPS their kernels run beside its own, and a small model's kernels fill only
+    ``width_share`` of the GPU, so only the sum beyond a whole GPU slows it."""
+    if layout.device != "cuda" or layout.engines_per_gpu < 2:
+        return 1.0
+    groups = max(1, layout.engines // layout.engines_per_gpu)
+    sharing = min(layout.engines_per_gpu, math.ceil(min(load.users, layout.engines) / groups))
+    if sharing < 2:
+        return 1.0
+    busy = max(r.device_alone_s / r.makespan for r, _ in runs)
+    weight = MPS_WEIGHT if layout.gpu_sharing == "mps" else 1.0
+    return max(1.0 + weight * (sharing - 1) * busy, sharing * busy * width_share)
+
+
+def _outcome(runs: list[tuple[EngineRun, int]], layout: Layout, host: float, device: float) -> _Outcome:
+    ttft: list[float] = []
+    tpot: list[float] = []
+    queue: list[float] = []
+    causes: dict[str, float] = {}
+    tokens_s = 0.0
+    for run, count in runs:
+        ttft += run.ttft * count
+        tpot += run.tpot * count
+        queue += run.queue * count
+        tokens_s += count * run.tokens / run.makespan
+        for k, v in run.causes.items():
+            causes[k] = causes.get(k, 0.0) + v * count
+    return _Outcome(ttft, tpot, queue, tokens_s, causes, host, device, host > 1 + HOST_LOAD + OVERSUBSCRIBED)
+
+
+def _figures(out: _Outcome) -> dict[str, float]:
+    tpot = percentile(out.tpot, 50)
+    return {
+        "ttft_p50_ms": percentile(out.ttft, 50) * 1e3,
+        "ttft_p99_ms": percentile(out.ttft, 99) * 1e3,
+        "tpot_p50_ms": tpot * 1e3,
+        "output_tokens_per_s": out.tokens_per_s,
+        "per_user_tokens_per_s": 1.0 / tpot if tpot > 0 else 0.0,
+    }
+
+
+def _rounded(x: float) -> float:
+    return round(x, 2) if x < 100 else round(x, 1) if x < 10_000 else round(x)
+
+
+def predict_point(layout: Layout, model: ModelSpec, load: Load, costs: HostCosts) -> Prediction:
+    """The point alone (each band the point): a third of the work, for ranking many plans (``tune``)."""
+    return predict(layout, model, load, costs, band=False)
+
+
+def predict(layout: Layout, model: ModelSpec, load: Load, costs: HostCosts, *, band: bool = True) -> Prediction:
+    """The prediction for ``layout`` (``layout_of(plan, hardware)`` or ``vllm_defaults``) under ``load``."""
+    point = _run(layout, model, load, costs)
+    spread = BAND[costs.kind]
+    assumed = layout.device == "cuda" and not (
+        layout.gpu and layout.gpu.memory_bandwidth_gbs and layout.gpu.bf16_tflops
+    )
+    dev = ASSUMED_DEVICE_BAND if assumed else spread
+    ends = [
+        _run(layout, model, load, costs.scaled(f, g), settled=(point.host, point.device))
+        for f, g in ((1 + spread, 1 + dev), (1 / (1 + spread), 1 / (1 + dev)))
+        if band
+    ]
+    figures = _figures(point)
+    others = [_figures(e) for e in ends]
+    shaped = {
+        key: Figure(
+            point=_rounded(value),
+            low=_rounded(min([value, *(o[key] for o in others)])),
+            high=_rounded(max([value, *(o[key] for o in others)])),
+        )
+        for key, value in figures.items()
+    }
+    total = sum(point.causes.values()) or 1.0
+    shares = {k: round(v / total, 3) for k, v in sorted(point.causes.items(), key=lambda kv: -kv[1]) if v > 0}
+    bound = next(iter(shares), "host_step")
+    if point.oversubscribed:
+        bound = "cores"
+    notes = []
+    if assumed:
+        notes.append(
+            "the GPU's bandwidth and FLOP/s are not known here (a profile's memory_bandwidth_gbs and "
+            "bf16_tflops give them): a mid-range GPU's were assumed, and the band is wider"
+        )
+    return Prediction(
+        layout=layout.label,
+        users=load.users,
+        prompt_tokens=list(load.prompt_tokens),
+        reply_tokens=load.reply_tokens,
+        path=load.path,
+        queue_ms=round(sum(point.queue) / max(len(point.queue), 1) * 1e3, 2),
+        bound=bound,
+        bound_text=BOUNDS[bound],
+        shares=shares,
+        host_contention=round(point.host, 2),
+        gpu_contention=round(point.device, 2),
+        costs=costs.source,
+        notes=notes,
+        **shaped,
+    )
+
+
+def simulate_load(layout: Layout, model: ModelSpec, load: Load, costs: HostCosts) -> dict[str, float]:
+    """The point prediction's raw means in seconds (what a calibration fits to): TTFT, TPOT p50 and mean."""
+    out = _run(layout, model, load, costs)
+    n = max(len(out.tpot), 1)
+    return {
+        "ttft_s": sum(out.ttft) / max(len(out.ttft), 1),
+        "tpot_s": percentile(out.tpot, 50),
+        "tpot_mean_s": sum(out.tpot) / n,
+    }
