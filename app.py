@@ -40,6 +40,7 @@ settings = load_settings()
 link = EngineLink(settings)
 internals.set_socket_pings(settings.app.ping_interval_s, settings.app.ping_timeout_s)
 internals.set_max_message_bytes(16 * 1024 * 1024)  # a paste up to uvicorn's own websocket cap reaches the page
+internals.only_allowed_origins(settings.app.allowed_origins)  # no other web page reads the chats
 internals.guard_socket_events()  # a malformed message or settings payload is answered in words
 TEMPLATE = (ROOT / "chainlit.md").read_text(encoding="utf-8")
 PAGE = link.run_dir.page_dir

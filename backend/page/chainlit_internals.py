@@ -14,6 +14,10 @@
   reads ``payload["message"]["id"]`` (a UUID version 4), ``["output"]`` and ``["createdAt"]``, and
   its ``chat_settings_change`` calls ``settings.items()``: anything else failed with Python's own
   words (``'message'``) shown in the chat, or only in the log.
+- Origins: ``chainlit.server`` adds Starlette's ``CORSMiddleware`` with ``project.allow_origins`` and
+  credentials to ``app.user_middleware`` at import (the stack is built at the first request), and makes
+  its socket.io server with ``cors_allowed_origins=[]`` (no origin check); :func:`only_allowed_origins`
+  puts ``backend/page/origins.py`` in its place.
 - Login: ``/login`` awaits ``config.code.password_auth_callback(username, password)``; the
   decorator ``cl.password_auth_callback`` wraps it so that any exception becomes a failed login
   (401, its traceback in the log). The client's address comes from the request, through an ASGI
@@ -35,6 +39,18 @@ from chainlit.context import init_ws_context
 from chainlit.server import app, sio
 from chainlit.session import WebsocketSession
 from chainlit.utils import wrap_user_function
+
+
+def only_allowed_origins(listed: list[str]) -> None:
+    """The page's own address and ``listed`` origins only, over HTTP and the socket (``origins``),
+    instead of Chainlit's CORS layer. Before the server starts."""
+    from starlette.middleware.cors import CORSMiddleware
+
+    from backend.page.origins import OnlyAllowedOrigins
+
+    app.user_middleware = [m for m in app.user_middleware if m.cls is not CORSMiddleware]
+    chainlit_config.project.allow_origins = list(listed)
+    app.add_middleware(OnlyAllowedOrigins, listed=listed)
 
 
 def set_socket_pings(interval_s: float, timeout_s: float) -> None:

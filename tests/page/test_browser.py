@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from support.app_client import FOOTER
+from support.browser import launch, needs_chromium
 from support.page import start_page
 from support.services import ROOT
 
@@ -23,36 +24,16 @@ from backend.page.latency import COLUMNS
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from playwright.sync_api import Browser, Page, Playwright, WebSocketRoute
+    from playwright.sync_api import Page, WebSocketRoute
     from support.services import Engine
 
     from backend.runtime.up import ChatPage
 
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 REPLY_TOKENS = 32
 """Every reply's length: the page's max_tokens, reached by greedy decoding of these prompts."""
 PROMPT = re.compile(r"\((\d+) of (\d+) prompt tokens cached\)")
 """The footer's prompt tokens (cached of all)."""
-
-
-needs_chromium = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="needs Debian's chromium: apt-get install -y chromium"
-)
-
-
-def launch(pw: Playwright) -> Browser:
-    return pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
 
 
 @pytest.fixture
