@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sqlite3
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,9 @@ from chainlit.context import init_http_context
 from chainlit.types import Feedback
 from chainlit.user import User
 from support.app_client import ChatClient, footer_of
-from support.page import SMALL_CONTEXT, start_page
+from support.chats import seed_chats
+from support.held import LONG_STORY, long_reply_held
+from support.page import SMALL_CONTEXT, page_processes, start_page
 from support.ports import free_port
 from support.postgres import Postgres
 from support.services import Engine
@@ -34,6 +38,7 @@ from backend.errors import PageError
 from backend.page.chats.database import DEFAULT_FILE, async_url, sqlite_file
 from backend.page.chats.identity import LOCAL_USER, REQUEST_USER, local_user_applies
 from backend.page.chats.opening import open_chats, run_now
+from backend.page.chats.partial import AGAIN, NOTE
 from backend.page.chats.resume import REPLY_CHARS, history_of
 from backend.page.chats.schema import ensure_schema
 from backend.page.chats.store import ChatStore
@@ -420,6 +425,44 @@ def _notices(tab: ChatClient) -> list[str]:
     return [t for t in tab.texts() if "no longer being saved" in t]
 
 
+def test_feedback_is_refused_on_another_users_message_and_an_unknown_one_is_not_deleted(
+    page_without_engine: Callable[..., ChatPage], tmp_path: Path
+) -> None:
+    """Chainlit's routes answered 200 "success" to feedback on another user's message (nothing was written)
+    and to deleting a made-up feedback id: now 403 and 404, and the asker's own feedback comes and goes."""
+    db = tmp_path / "chats.db"
+    (ann_chat,) = seed_chats(async_url(f"sqlite:///{db}"), "ann", 1)
+    env = {"ERNIECHAT_APP__USERS": json.dumps(USERS), "ERNIECHAT_APP__AUTH_SECRET": SECRET}
+    page = page_without_engine(ERNIECHAT_APP__DATABASE_URL=f"sqlite:///{db}", **env)
+
+    async def run() -> None:
+        ann, bob = await _login(page, "ann"), await _login(page, "bob")
+
+        async def put(cookie: str, for_id: str) -> httpx.Response:
+            body = {"sessionId": "s", "feedback": {"forId": for_id, "value": 1, "threadId": ann_chat.thread}}
+            return await _http(page, "PUT", "/feedback", cookie, json=body)
+
+        async def delete(cookie: str, feedback_id: str) -> httpx.Response:
+            return await _http(page, "DELETE", "/feedback", cookie, json={"feedbackId": feedback_id})
+
+        for cookie, for_id, code in ((bob, ann_chat.answer, 403), (bob, str(uuid.uuid4()), 404), (ann, "x", 404)):
+            r = await put(cookie, for_id)
+            assert r.status_code == code and "success" not in r.text, (for_id, r.status_code, r.text)
+        mine = await put(ann, ann_chat.answer)
+        assert mine.status_code == 200, mine.text
+        feedback = mine.json()["feedbackId"]
+        for cookie, feedback_id, code in ((ann, str(uuid.uuid4()), 404), (bob, feedback, 403), (ann, "x", 404)):
+            r = await delete(cookie, feedback_id)
+            assert r.status_code == code and "success" not in r.text, (feedback_id, r.status_code, r.text)
+        stored = await _http(page, "GET", f"/project/thread/{ann_chat.thread}", ann)
+        (answer,) = [s for s in stored.json()["steps"] if s["id"] == ann_chat.answer]
+        assert answer["feedback"]["value"] == 1, "bob's refused removal left ann's feedback"
+        assert (await delete(ann, feedback)).status_code == 200
+        assert (await delete(ann, feedback)).status_code == 404, "deleted twice"
+
+    asyncio.run(run())
+
+
 def test_a_damaged_sqlite_file_at_start_leaves_the_page_chatting_and_says_so_once_per_chat(
     engine: Engine, tmp_path: Path
 ) -> None:
@@ -439,5 +482,66 @@ def test_a_damaged_sqlite_file_at_start_leaves_the_page_chatting_and_says_so_onc
             assert r.status_code in (400, 401), "no history without a database"
 
         asyncio.run(run())
+    finally:
+        page.stop()
+
+
+# -- a page process that dies mid-reply ------------------------------------------------------------
+async def _stored_reply(page: ChatPage, first: str, reply_id: str) -> dict[str, Any] | None:
+    """The reply ``reply_id`` of the chat that began with ``first``, as the page reads it from its database."""
+    for thread in await _threads(page):
+        if thread["name"] == first:
+            r = await _http(page, "GET", f"/project/thread/{thread['id']}")
+            steps = r.json()["steps"] if r.status_code == 200 else []
+            return next((s for s in steps if s["id"] == reply_id), None)
+    return None
+
+
+@pytest.mark.parametrize("chat", ["new", "existing"])
+def test_a_page_killed_mid_reply_keeps_the_message_and_the_reply_so_far_and_offers_retry(
+    engine: Engine, db_url: str, tmp_path: Path, chat: str
+) -> None:
+    """SIGKILL of the page process while a reply streams (the engine held, so the reply cannot end
+    first): the chat is in the history, and reopens with the user's message and the reply as far as it
+    had come, a note that it was interrupted and Retry, which answers it."""
+    page = start_page(engine.run_dir, tmp_path / "page.log", ERNIECHAT_APP__DATABASE_URL=db_url)
+    first = "Hello there." if chat == "existing" else LONG_STORY
+    try:
+
+        async def killed() -> tuple[str, str, str]:
+            async with ChatClient(page.url) as tab:
+                if chat == "existing":
+                    footer_of(await tab.ask(first))
+                async with long_reply_held(tab, engine, tokens=1000) as (mid, _):
+                    reply = tab.reply_to(mid)
+                    assert reply is not None
+                    shown = reply["output"]  # the engine is held: no more text comes
+                    await until_async(
+                        "the reply's text so far saved",
+                        lambda: _stored_reply(page, first, reply["id"]),
+                        lambda step: step is not None and step["output"].startswith(f"{shown}\n\n⚠️"),
+                    )
+                    for pid in page_processes(page):
+                        os.kill(pid, signal.SIGKILL)
+            return mid, reply["id"], shown
+
+        mid, reply_id, shown = asyncio.run(killed())
+        page = _restart(page)
+
+        async def reopened() -> None:
+            (thread,) = [t for t in await _threads(page) if t["name"] == first]
+            async with ChatClient(page.url, thread_id=thread["id"]) as tab:
+                steps = {s["id"]: s for s in tab.seen("resume_thread")[0]["steps"]}
+                assert steps[mid]["type"] == "user_message" and steps[mid]["output"] == LONG_STORY
+                assert steps[reply_id]["output"] == f"{shown}\n\n⚠️ {NOTE} {AGAIN}", steps[reply_id]["output"]
+                assert shown.strip(), "the reply had text when the page died"
+                retry = await tab.wait_for(lambda: [a for a in tab.actions if a.get("forId") == reply_id], 60)
+                assert retry[0]["name"] == "retry" and retry[0]["payload"]["reply_to"] == mid
+                await tab.click(retry[0])
+                again = tab.reply_to(mid)
+                assert again is not None and again["id"] != reply_id
+                footer_of(again)
+
+        asyncio.run(reopened())
     finally:
         page.stop()

@@ -1,5 +1,5 @@
 """The chat page answers its own address and the origins ``app.allowed_origins`` lists, nothing else
-(``backend/page/origins.py``): a page served from another port of the same host, opened in a real
+(``backend/page/guards/origins.py``): a page served from another port of the same host, opened in a real
 headless chromium that holds the user's login, reads no chat over HTTP nor over the socket, on loopback
 without login (the local user) and behind the login; a listed origin reads them.
 
@@ -9,27 +9,21 @@ The chats are written into the page's SQLite file before it starts, and the page
 
 from __future__ import annotations
 
-import asyncio
 import http.server
 import json
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from chainlit.context import init_http_context
-from chainlit.user import User
 from support.browser import launch, needs_chromium
+from support.chats import seed_chats
 from support.ports import free_port
 
 from backend.page.chats.database import async_url
 from backend.page.chats.identity import LOCAL_USER
-from backend.page.chats.opening import run_now
-from backend.page.chats.schema import ensure_schema
-from backend.page.chats.store import ChatStore
 from backend.runtime.up import ChatPage
 
 SECRET = "s" * 48
@@ -71,33 +65,6 @@ async ([page, threadId]) => {
 """
 """Run in the other origin's page: the user's chats listed over HTTP with the browser's credentials, and
 one of them reopened over the socket (engine.io 4 on a plain WebSocket, as Chainlit's client speaks it)."""
-
-
-def _seed(url: str, user: str, chats: int) -> list[str]:
-    """``chats`` chats of ``user``, each a question and an answer; their ids."""
-    run_now(ensure_schema(url))
-
-    async def write() -> list[str]:
-        init_http_context()
-        store = ChatStore(url)
-        try:
-            owner = await store.create_user(User(identifier=user))
-            assert owner is not None
-            ids = []
-            for n in range(chats):
-                tid = str(uuid.uuid4())
-                await store.update_thread(tid, name=f"secret chat {n}", user_id=owner.id)
-                for kind, text in (("user_message", f"my secret {n}"), ("assistant_message", f"noted {n}")):
-                    step = {"id": str(uuid.uuid4()), "threadId": tid, "type": kind, "name": kind, "output": text}
-                    await store.create_step({**step, "streaming": False, "metadata": {}})
-                ids.append(tid)
-            assert await store.writer.flush()
-            return ids
-        finally:
-            await store.close()
-
-    ids: list[str] = asyncio.run(write())
-    return ids
 
 
 class OtherSite:
@@ -157,8 +124,8 @@ def test_another_origin_reads_no_chat_with_or_without_login_and_a_listed_one_doe
 
     listed, unlisted = sites
     local_db, login_db = tmp_path / "local.db", tmp_path / "login.db"
-    local_chats = _seed(async_url(f"sqlite:///{local_db}"), LOCAL_USER, 3)
-    ann_chats = _seed(async_url(f"sqlite:///{login_db}"), "ann", 2)
+    local_chats = [c.thread for c in seed_chats(async_url(f"sqlite:///{local_db}"), LOCAL_USER, 3)]
+    ann_chats = [c.thread for c in seed_chats(async_url(f"sqlite:///{login_db}"), "ann", 2)]
     allowed = json.dumps([listed.url])
     local = page_without_engine(
         ERNIECHAT_APP__DATABASE_URL=f"sqlite:///{local_db}", ERNIECHAT_APP__ALLOWED_ORIGINS=allowed
