@@ -171,7 +171,7 @@ class AppSettings(_Section):
     allowed_origins: list[str] = Field(default_factory=list)
     """Web origins (``https://host[:port]``) other than the page's own address whose scripts may use the
     page with its user's login (HTTP and socket); empty: the page's own address only
-    (``backend/page/origins.py``)."""
+    (``backend/page/guards/origins.py``)."""
 
     def sampling(self) -> Sampling:
         """The page's chat settings before a user changes them (each slider's range holds them)."""

@@ -17,9 +17,13 @@ from typing import TYPE_CHECKING
 import pytest
 from support.app_client import FOOTER
 from support.browser import launch, needs_chromium
+from support.chats import seed_chats
 from support.page import start_page
 from support.services import ROOT
 
+from backend.page.chats.database import async_url
+from backend.page.chats.identity import LOCAL_USER
+from backend.page.chats.partial import NOTE
 from backend.page.latency import COLUMNS
 
 if TYPE_CHECKING:
@@ -261,5 +265,30 @@ def test_browser_shows_a_setting_value_a_script_sent_as_text_not_a_link(
             notice = page.locator('[data-step-type="assistant_message"]').filter(has_text="is not a number")
             expect(notice).to_contain_text(f'Temperature "{value}" is not a number', timeout=60_000)
             expect(notice.locator("a")).to_have_count(0)
+        finally:
+            browser.close()
+
+
+@needs_chromium
+def test_browser_reopens_a_reply_the_pages_death_cut_off_with_its_note_and_retry(
+    page_without_engine: Callable[..., ChatPage], tmp_path: Path
+) -> None:
+    """A chat whose reply a page process that died mid-reply left (its text, the note, marked interrupted):
+    the browser reopens it with the question, the reply so far, the note, and a Retry button under it
+    (sent once the chat is shown: Chainlit replaces what the tab showed before with the stored chat)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    db = tmp_path / "chats.db"
+    (chat,) = seed_chats(async_url(f"sqlite:///{db}"), LOCAL_USER, 1, cut_off=True)
+    page_url = page_without_engine(ERNIECHAT_APP__DATABASE_URL=f"sqlite:///{db}").url
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        try:
+            page = browser.new_page()
+            page.goto(f"{page_url}/thread/{chat.thread}")
+            reply = page.locator('[data-step-type="assistant_message"]').filter(has_text="an answer 0")
+            expect(reply).to_contain_text(NOTE, timeout=60_000)
+            expect(page.locator('[data-step-type="user_message"]').get_by_text("a question 0")).to_be_visible()
+            expect(page.get_by_role("button", name="Retry")).to_have_count(1, timeout=60_000)
         finally:
             browser.close()

@@ -11,6 +11,7 @@ from chainlit.context import init_http_context
 from chainlit.user import User
 
 from backend.page.chats.opening import run_now
+from backend.page.chats.partial import INTERRUPTED, as_interrupted
 from backend.page.chats.schema import ensure_schema
 from backend.page.chats.store import ChatStore
 
@@ -24,8 +25,9 @@ class Seeded:
     answer: str
 
 
-def seed_chats(url: str, user: str, chats: int) -> list[Seeded]:
-    """``chats`` chats of ``user`` (made if new) in the database at ``url``, each a question and an answer."""
+def seed_chats(url: str, user: str, chats: int, cut_off: bool = False) -> list[Seeded]:
+    """``chats`` chats of ``user`` (made if new) in the database at ``url``, each a question and an answer;
+    ``cut_off``: each answer as a page process that died mid-reply left it (``chats/partial``)."""
     run_now(ensure_schema(url))
 
     async def write() -> list[Seeded]:
@@ -42,8 +44,13 @@ def seed_chats(url: str, user: str, chats: int) -> list[Seeded]:
                     (chat.question, "user_message", "a question"),
                     (chat.answer, "assistant_message", "an answer"),
                 ):
-                    step = {"id": sid, "threadId": chat.thread, "type": kind, "name": kind, "output": f"{text} {n}"}
-                    await store.create_step({**step, "streaming": False, "metadata": {}})
+                    meta: dict[str, object] = {}
+                    output = f"{text} {n}"
+                    if kind == "assistant_message":
+                        meta = {"in_reply_to": chat.question} | ({INTERRUPTED: True} if cut_off else {})
+                        output = as_interrupted(output) if cut_off else output
+                    step = {"id": sid, "threadId": chat.thread, "type": kind, "name": kind, "output": output}
+                    await store.create_step({**step, "streaming": False, "metadata": meta})
                 made.append(chat)
             assert await store.writer.flush()
             return made

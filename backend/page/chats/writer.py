@@ -50,9 +50,10 @@ class Job:
 
 
 class Writer:
-    """One task per page process does the database writes, in the order they were asked for, once no
-    reply is in flight (or :data:`HOLD_S` after the write was asked for). A failed write is said once
-    in the chat it belongs to; later ones go on being tried (the database may come back)."""
+    """One task per page process does the database writes, in the order they were asked for: one asked
+    for ``now`` (and every one before it) at once, the others once no reply is in flight (or
+    :data:`HOLD_S` after they were asked for). A failed write is said once in the chat it belongs to;
+    later ones go on being tried (the database may come back)."""
 
     def __init__(self, where: str) -> None:
         self.where = where
