@@ -31,17 +31,19 @@ from support.held import LONG_STORY, long_reply_held
 from support.page import SMALL_CONTEXT, page_processes, start_page
 from support.ports import free_port
 from support.postgres import Postgres
-from support.services import Engine
+from support.services import Engine, status_of
 from support.waiting import until_async
 
 from backend.errors import PageError
 from backend.page.chats.database import DEFAULT_FILE, async_url, sqlite_file
 from backend.page.chats.identity import LOCAL_USER, REQUEST_USER, local_user_applies
+from backend.page.chats.interrupted import UNANSWERED
 from backend.page.chats.opening import open_chats, run_now
 from backend.page.chats.partial import AGAIN, NOTE
 from backend.page.chats.resume import REPLY_CHARS, history_of
 from backend.page.chats.schema import ensure_schema
 from backend.page.chats.store import ChatStore
+from backend.runtime.status import write_status
 from backend.runtime.up import ChatPage
 from config.settings import Settings
 
@@ -173,6 +175,34 @@ def test_tags_and_json_come_back_as_written_and_writes_check_the_owner(db_url: s
             assert saved["feedback"] is not None and saved["feedback"]["value"] == 1
             assert store.writer.failures == 2, store.writer.last_error
             assert await store.get_thread_author(str(uuid.uuid4())) == "", "a missing chat: 404, not 500"
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+
+
+def test_a_users_message_and_its_chat_are_written_at_once_while_a_reply_is_in_flight(db_url: str) -> None:
+    """Writes that can wait (a notice) wait while a reply is in flight; the user's message and the chat's
+    name do not (they waited until the reply was done, and a page process that died mid-reply lost
+    both), and the writes queued before them go first, in order."""
+    run_now(ensure_schema(db_url))
+
+    async def run() -> None:
+        init_http_context()
+        store = ChatStore(db_url)
+        try:
+            ann = await store.create_user(User(identifier="ann"))
+            assert ann
+            tid, notice, question = (str(uuid.uuid4()) for _ in range(3))
+            step = {"threadId": tid, "name": "x", "streaming": False, "metadata": {}}
+            with store.writer.reply():
+                await store.create_step({**step, "id": notice, "type": "assistant_message", "output": "a notice"})
+                await store.update_thread(tid, name="first words", user_id=ann.id)
+                await store.create_step({**step, "id": question, "type": "user_message", "output": "first words"})
+                assert await store.writer.due_done()
+                thread = await store.get_thread(tid)
+                assert thread is not None and thread["name"] == "first words" and thread["userIdentifier"] == "ann"
+                assert [s["output"] for s in thread["steps"]] == ["a notice", "first words"]
         finally:
             await store.close()
 
@@ -541,6 +571,56 @@ def test_a_page_killed_mid_reply_keeps_the_message_and_the_reply_so_far_and_offe
                 again = tab.reply_to(mid)
                 assert again is not None and again["id"] != reply_id
                 footer_of(again)
+
+        asyncio.run(reopened())
+    finally:
+        page.stop()
+
+
+def test_a_page_killed_while_a_message_waits_for_the_engine_keeps_it_and_says_it_was_not_answered(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """The engine is starting (as its status says), so the message waits; the page process is killed
+    meanwhile: the chat is in the history with the message, and once the engine is ready it reopens with a
+    reply that says the message was not answered, with Retry, which answers it."""
+    run = tmp_path / "run"
+    ready = status_of(engine.run_dir)
+    write_status(
+        run, ready.model_copy(update={"state": "starting", "detail": "loading the weights", "pid": os.getpid()})
+    )
+    page = start_page(run, tmp_path / "page.log")
+    text = f"Are you there? {uuid.uuid4().hex[:6]}"
+
+    async def killed() -> str:
+        tab = await ChatClient(page.url).connect(wait_start=False)  # the chat's start waits for the engine too
+        try:
+            mid = await tab.send(text)
+            await tab.wait_for(lambda: any("waits until the engine is ready" in t for t in tab.texts()), 60)
+            await until_async(
+                "the message saved", lambda: _threads(page), lambda ts: any(t["name"] == text for t in ts)
+            )
+            for pid in page_processes(page):
+                os.kill(pid, signal.SIGKILL)
+        finally:
+            await tab.close()
+        return mid
+
+    try:
+        mid = asyncio.run(killed())
+        write_status(run, ready)
+        page = _restart(page)
+
+        async def reopened() -> None:
+            (thread,) = [t for t in await _threads(page) if t["name"] == text]
+            async with ChatClient(page.url, thread_id=thread["id"]) as tab:
+                steps = tab.seen("resume_thread")[0]["steps"]
+                assert [s["output"] for s in steps if s["type"] == "user_message"] == [text]
+                retry = await tab.wait_for(lambda: [a for a in tab.actions if a["name"] == "retry"], 60)
+                assert retry[0]["payload"] == {"text": text, "reply_to": mid}
+                said = tab.reply_to(mid)
+                assert said is not None and said["output"] == f"⚠️ {UNANSWERED} {AGAIN}", said
+                await tab.click(retry[0])
+                footer_of(tab.reply_to(mid) or {"output": ""})
 
         asyncio.run(reopened())
     finally:
