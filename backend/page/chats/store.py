@@ -8,9 +8,10 @@
 - elements (files) are not stored without a storage client: not attempted (an export is made anew);
 - a missing thread's author raised ``ValueError`` (HTTP 500): now "Thread not found" (404);
 - feedback and thread writes are checked against the chat's owner (Chainlit's ``/feedback`` route
-  does not check who asks);
-- a person's words are written at once (the user's message and its chat, a reply's last version) and
-  a streaming reply's text every second (``partial``); other writes wait for the replies in flight;
+  does not check who asks; ``feedback`` answers it 403 / 404);
+- a person's words are written at once (the user's message and its chat, a reply's last version, a
+  thumbs up or down) and a streaming reply's text every second (``partial``); other writes wait for
+  the replies in flight;
 - a chat opened with :data:`~backend.page_client.UNSAVED_HEADER` (the page's own warm-up) is not written.
 """
 
@@ -204,7 +205,7 @@ class ChatStore(SQLAlchemyDataLayer):
                 raise NotYours(f"feedback on message {feedback.forId} refused: not a message of {asker}'s chats")
             await SQLAlchemyDataLayer.upsert_feedback(self, feedback)
 
-        self._to_writer(write, "a thumbs up or down")
+        self._to_writer(write, "a thumbs up or down", now=True)
         return feedback.id
 
     async def delete_feedback(self, feedback_id: str) -> bool:
@@ -215,7 +216,7 @@ class ChatStore(SQLAlchemyDataLayer):
             if isinstance(rows, list) and rows and await self._feedback_owner(rows[0]["forId"], None) == asker:
                 await SQLAlchemyDataLayer.delete_feedback(self, feedback_id)
 
-        self._to_writer(write, "a feedback's removal")
+        self._to_writer(write, "a feedback's removal", now=True)
         return True
 
     async def message_owner(self, step_id: str) -> str | None:
