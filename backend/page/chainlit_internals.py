@@ -279,7 +279,7 @@ def guard_socket_events() -> None:
     features = chainlit_config.features
     audio = bool(features.audio and features.audio.enabled)
     for event, rule in rules(bool(features.edit_message), audio, bool(features.favorites)).items():
-        handlers[event] = _guarded(event, rule, handlers[event])
+        handlers[event] = _guarded(rule, handlers[event])
     chainlit_connect = handlers["connect"]
 
     async def connect(sid: str, environ: dict[str, Any], auth: Any = None) -> Any:
@@ -290,7 +290,9 @@ def guard_socket_events() -> None:
     handlers["connect"] = connect
 
 
-def _guarded(event: str, rule: Rule, chainlit: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., Any]:
+def _guarded(rule: Rule, chainlit: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., Any]:
+    """Chainlit's handler of one event behind ``rule``."""
+
     async def handle(sid: str, *args: Any) -> Any:
         session = WebsocketSession.get(sid)
         if session is None:
