@@ -25,6 +25,7 @@ from backend.page import auth, panel
 from backend.page import chainlit_internals as internals
 from backend.page.chats.export import EXPORT_COMMAND, is_export, send_export
 from backend.page.chats.identity import local_user_applies, use_identity
+from backend.page.chats.interrupted import offer_retries, retry_action
 from backend.page.chats.opening import not_saved_notice, open_chats
 from backend.page.chats.resume import history_of, remember
 from backend.page.compare import Setup, Setups, begin, switches
@@ -42,7 +43,8 @@ link = EngineLink(settings)
 setups = Setups(link)  # the plan's link, and the compared setup's beside it (up --compare)
 internals.set_socket_pings(settings.app.ping_interval_s, settings.app.ping_timeout_s)
 internals.set_max_message_bytes(16 * 1024 * 1024)  # a paste up to uvicorn's own websocket cap reaches the page
-internals.guard_socket_events()  # a malformed message or settings payload is answered in words
+internals.only_allowed_origins(settings.app.allowed_origins)  # no other web page reads the chats
+internals.guard_socket_events()  # whatever a script sends on the socket is answered in words
 TEMPLATE = (ROOT / "chainlit.md").read_text(encoding="utf-8")
 PAGE = link.run_dir.page_dir
 internals.own_files_folder(PAGE / f"files-{os.getpid()}")  # one per page process: each removes its own
@@ -102,6 +104,7 @@ if login_on:
 
 store = open_chats(settings)  # the page chats unsaved, and says so, when the database fails
 internals.watch_message_tasks(store.hold)  # writes wait from a message's arrival, not from on_message
+internals.run_after_resume()  # a reopened chat's cut-off replies get their Retry once the tab shows them
 use_identity(local_user_applies(settings, internals.bind_host(), login_on))
 panel.COMMANDS.append(EXPORT_COMMAND)
 
@@ -178,6 +181,7 @@ async def start(history: list[dict[str, str]] | None = None, compared: list[dict
 async def resume(thread: ThreadDict) -> None:
     """A past chat reopened (the sidebar, or a socket's ``threadId``; Chainlit checked it is the user's)."""
     await start(history_of(thread), history_of(thread, compared=True))
+    internals.after_resume(offer_retries(thread, store.answering))  # replies the page's death cut off
 
 
 async def refused(text: str, reply_to: str) -> bool:
@@ -201,7 +205,7 @@ async def answer(text: str, reply_to: str, t0: float) -> None:
     ``t0``: when the message reached the page; the footer's first-token time counts from it."""
     internals.set_answering(asyncio.current_task())
     try:
-        with store.reply():  # the chat's database writes wait until the reply is done
+        with store.reply(reply_to):  # the chat's database writes that can wait, wait until the reply is done
             for n, setup in enumerate(setups.for_message()):  # two compared setups: one after the other
                 await answer_one(text, reply_to, t0 if n == 0 else time.perf_counter(), setup)
     finally:
@@ -226,6 +230,7 @@ async def answer_one(text: str, reply_to: str, t0: float, setup: Setup) -> None:
     async def show_reply() -> None:  # the empty reply, while the engine works on the request
         nonlocal sent
         sent = bool(await made().send())
+        store.keep_saving(made())  # its text so far is saved every second while it streams
 
     async def on_token(piece: str) -> None:
         await made().stream_token(piece)
@@ -264,10 +269,10 @@ async def answer_one(text: str, reply_to: str, t0: float, setup: Setup) -> None:
         later = " (once the engine is back)" if isinstance(err, (EngineDown, EngineTimeout)) else ""
         why = str(err) + (await link.what_stopped() if isinstance(err, EngineDown) else "")
         await show_failure(made(), sent, result, text, reply_to, why, err.retry, later, head)
-    except Exception as err:  # a defect of the page's own: said in the chat (else hidden), message kept
+    except Exception:  # a defect of the page's own: said in the chat (else hidden), message kept
         traceback.print_exc()
         await waiting.close("This message failed.")
-        why = f"The page failed on this message ({type(err).__name__}: {err}); its log has the details."
+        why = "The page itself failed on this message (a fault of its own, not of the engine); its log has the details."
         await show_failure(made(), sent, result, text, reply_to, why, retry=True, when="", head=head)
     else:
         reply = made()
@@ -295,7 +300,7 @@ async def show_failure(
 ) -> None:
     """The reply says why it failed, after ``head`` (its setup's name) and what had arrived; with Retry
     when resending can help."""
-    again = cl.Action(name="retry", payload={"text": text, "reply_to": reply_to}, label="Retry", icon="rotate-ccw")
+    again = retry_action(text, reply_to)
     hint = f" Press **Retry** to send your message again{when}." if retry else ""
     reply.content = head + (f"{result.text}\n\n" if result.text else "") + f"⚠️ {why}{hint}"
     reply.actions = [again] if retry else []

@@ -62,8 +62,24 @@ def chat_errors(base_url: str, replying: Callable[[], bool] = lambda: False) -> 
     except httpx.HTTPError as err:
         when = "mid-reply" if replying() else "before the reply began"
         raise EngineDown(
-            f"The engine at {base_url} dropped the connection {when} ({type(err).__name__}); did it stop?"
+            f"The engine at {base_url} dropped the connection {when} ({in_words(err)}); did it stop?"
         ) from None
+
+
+CONNECTION_FAULTS: tuple[tuple[type[httpx.HTTPError], str], ...] = (
+    (httpx.RemoteProtocolError, "it closed the connection before its answer was complete"),
+    (httpx.ReadError, "the connection broke while its answer was being read"),
+    (httpx.WriteError, "the connection broke while the request was being sent"),
+    (httpx.ConnectError, "nothing answered at that address"),
+    (httpx.TimeoutException, "it did not answer in time"),
+    (httpx.ProxyError, "a proxy between refused the connection"),
+)
+"""httpx's connection errors as a person reads them (its own messages are a protocol's words)."""
+
+
+def in_words(err: httpx.HTTPError) -> str:
+    """What went wrong with a connection, in words, without httpx's class names."""
+    return next((words for kind, words in CONNECTION_FAULTS if isinstance(err, kind)), "the connection failed")
 
 
 def headers(api_key: str | None, session: str | None = None) -> dict[str, str]:
@@ -202,7 +218,7 @@ async def _timed(
             async for chunk in stream_chunks(r):
                 res.absorb(chunk, time.perf_counter() - t0)
     except httpx.HTTPError as err:
-        res.error = f"{type(err).__name__}: {err}"
+        res.error = f"{in_words(err)} ({err})" if str(err) else in_words(err)
     res.finish(time.perf_counter() - t0)
     return res
 

@@ -48,6 +48,8 @@ EVENTS = (
     "resume_thread",
 )
 """What the page sends a tab (Chainlit's ``emitter.py``)."""
+UNSAVED_HEADER = "x-erniechat-unsaved"
+"""A tab that sends this header (``1``) is not saved in the page's chat history: the page's own warm-up."""
 NO_VISIBLE_REPLY = "the page answered without a reply"
 """How a reply with no visible text starts its error: no first token to time (random weights give some)."""
 
@@ -137,13 +139,14 @@ class PageSession:
         session_id: str | None = None,
         thread_id: str = "",
         watch: Watcher | None = None,
+        unsaved: bool = False,
     ) -> None:
         """``http_session``: an ``aiohttp.ClientSession`` to share with other tabs (one per tab when
         None); many tabs in one process each with its own session cost the client most of its CPU.
         ``source``: the client address to connect from (:func:`loopback_sources`), without a shared
         session. ``session_id`` of an earlier tab: this one reconnects to that session, as a browser
         does. ``thread_id``: a past chat to reopen (the sidebar's link). ``watch``: told every event
-        after this tab has read it."""
+        after this tab has read it. ``unsaved``: the page keeps nothing of this chat (:data:`UNSAVED_HEADER`)."""
         try:
             import socketio
         except ImportError:
@@ -152,6 +155,7 @@ class PageSession:
         self.cookie = cookie
         self.session_id = session_id or str(uuid.uuid4())
         self.thread_id = thread_id
+        self.unsaved = unsaved
         extra: dict[str, Any] = {"http_session": http_session} if http_session is not None else {}
         if source is not None and http_session is None:
             extra["http_session"] = functools.partial(session_from, source)  # engineio makes and closes it
@@ -250,7 +254,10 @@ class PageSession:
                 self.url,
                 socketio_path=SOCKET_PATH,
                 transports=["websocket"],
-                headers={"Cookie": self.cookie} if self.cookie else {},
+                headers={
+                    **({"Cookie": self.cookie} if self.cookie else {}),
+                    **({UNSAVED_HEADER: "1"} if self.unsaved else {}),
+                },
                 auth=browser_auth(self.session_id, self.thread_id),
                 wait_timeout=timeout,
             )

@@ -15,6 +15,7 @@ import tomllib
 import types
 from pathlib import Path
 from typing import Any, Literal, TypeGuard, Union, get_args, get_origin
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
@@ -167,6 +168,10 @@ class AppSettings(_Section):
     """Where chats are kept: ``postgresql://user:password@host/db`` for Postgres, ``sqlite:///path`` for
     another SQLite file; default: ``chats.db`` in the run directory (``engine.run_dir``, the container's
     ``/data``). The page creates and upgrades its tables itself (``backend/page/chats/schema.py``)."""
+    allowed_origins: list[str] = Field(default_factory=list)
+    """Web origins (``https://host[:port]``) other than the page's own address whose scripts may use the
+    page with its user's login (HTTP and socket); empty: the page's own address only
+    (``backend/page/guards/origins.py``)."""
 
     def sampling(self) -> Sampling:
         """The page's chat settings before a user changes them (each slider's range holds them)."""
@@ -181,6 +186,40 @@ class AppSettings(_Section):
                 "database_url", "a Postgres (postgresql://...) or SQLite (sqlite:///path) URL is needed"
             )
         return value
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _plain_origins(cls, value: list[str]) -> list[str]:
+        """Each an origin as a browser sends it (scheme, host, port: no path, no wildcard), kept in the
+        form the ``Origin`` header has, so the page compares it exactly."""
+        return [_origin(item) for item in value]
+
+
+def _origin(text: str) -> str:
+    if text.strip() == "*":
+        raise PydanticCustomError(
+            "allowed_origins", "'*' would let any web page read the chats; list each origin (https://host:port)"
+        )
+    parts = urlsplit(text.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+        raise PydanticCustomError(
+            "allowed_origins",
+            "{text} is not a web origin: give its scheme, host and port only, as in https://chat.example.com:8443",
+            {"text": json.dumps(text)},
+        )
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise PydanticCustomError(
+            "allowed_origins", "{text} is not a web origin: no path, query or login in it", {"text": json.dumps(text)}
+        )
+    try:
+        port = parts.port
+    except ValueError:
+        raise PydanticCustomError(
+            "allowed_origins", "{text} has a port that is not a number", {"text": json.dumps(text)}
+        ) from None
+    default = {"http": 80, "https": 443}[parts.scheme]
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}" + (f":{port}" if port is not None and port != default else "")
 
 
 class Settings(BaseSettings):

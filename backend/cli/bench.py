@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from backend.cli.options import above_zero, add_client_processes, add_served_model, at_least_one
+from backend.engine_api import in_words
 from backend.errors import EngineDown, EngineNotReady, UsageError
 from backend.measure.bench import (
     DEFAULT_LEVELS,
@@ -172,7 +173,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from None
     except httpx.HTTPError as err:
-        raise EngineDown(f"cannot reach the engine at {url}: {type(err).__name__}: {err}") from None
+        raise EngineDown(f"cannot reach the engine at {url}: {in_words(err)}") from None
     forecast, running = context.get("expected"), context.get("running")
     if forecast is not None and running is not None and args.costs:
         forecast = forecast.model_copy(update={"costs": host_costs(args.costs, running.device)})

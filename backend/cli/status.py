@@ -7,16 +7,24 @@ import json
 import time
 from pathlib import Path
 
-from backend.runtime.status import EngineStatus, read_status
+from backend.runtime.status import EngineStatus, PageRecord, read_status
 from config.performance.text import forecast_lines
 from config.settings import Settings
 
 NAME = "status"
-HELP = "starting | loading | warming | ready | failed | stopped"
+HELP = "starting | loading | warming | ready | failed | stopped, and the chat page's processes"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
+
+
+def page_line(page: PageRecord) -> str:
+    """``page:    URL  up: process 12 up`` (with a front: ``front 11 up, chats 12 up, 13 down``)."""
+    each = ", ".join(f"{'front' if p.role == 'front' else 'chats'} {p.pid} {p.state}" for p in page.processes)
+    again = f" ({page.restarts} restart{'s' if page.restarts > 1 else ''})" if page.restarts else ""
+    why = f" [{page.detail}]" if page.detail else ""
+    return f"page:    {page.url}  {page.state}: {each or 'no process'}{again}{why}"
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -66,6 +74,8 @@ def show(status: EngineStatus) -> None:
             state = "" if e.state == "serving" else f"  [{e.state}: {e.detail}]"
             again = f" ({e.restarts} restart{'s' if e.restarts > 1 else ''})" if e.restarts else ""
             print(f"  {e.name}: {e.url}  {where}, {health}, load {e.load}{again}{state}")
+    if status.page is not None:
+        print(page_line(status.page))
     if status.startup and status.startup.kv_tokens is not None:
         kv, planned = status.startup.kv_tokens, status.startup.kv_tokens_planned
         print(f"KV:      {kv:,} tokens per engine, as vLLM allocated it (the plan's arithmetic: {planned:,})")

@@ -10,10 +10,15 @@
   "New chat" clears the session (nothing will reconnect to it).
 - Socket events: ``sio.handlers["/"][event]`` is looked up on each event. Chainlit's
   ``client_message`` starts the message's task (``session.current_task``) and returns; that task
-  creates the message's steps and asks the data layer for their writes before ``on_message``. It
-  reads ``payload["message"]["id"]`` (a UUID version 4), ``["output"]`` and ``["createdAt"]``, and
-  its ``chat_settings_change`` calls ``settings.items()``: anything else failed with Python's own
-  words (``'message'``) shown in the chat, or only in the log.
+  creates the message's steps and asks the data layer for their writes before ``on_message``. Its
+  handlers read their payloads as the browser sends them (``guards/socket_checks`` says what each needs).
+- Origins: ``chainlit.server`` adds Starlette's ``CORSMiddleware`` with ``project.allow_origins`` and
+  credentials to ``app.user_middleware`` at import (the stack is built at the first request), and makes
+  its socket.io server with ``cors_allowed_origins=[]`` (no origin check); :func:`only_allowed_origins`
+  puts ``backend/page/guards/origins.py`` in its place.
+- Reopening: ``connection_successful`` awaits ``on_chat_resume(thread)`` and only then sends the tab
+  the chat (``resume_thread``), which replaces the messages the tab shows; :func:`after_resume` runs
+  work after that.
 - Login: ``/login`` awaits ``config.code.password_auth_callback(username, password)``; the
   decorator ``cl.password_auth_callback`` wraps it so that any exception becomes a failed login
   (401, its traceback in the log). The client's address comes from the request, through an ASGI
@@ -23,18 +28,49 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 import chainlit as cl
+import socketio
 from chainlit.config import config as chainlit_config
 from chainlit.context import init_ws_context
 from chainlit.server import app, sio
 from chainlit.session import WebsocketSession
 from chainlit.utils import wrap_user_function
+
+from backend.page.guards.socket_checks import Rule, connect_refusal, rules
+
+
+def only_allowed_origins(listed: list[str]) -> None:
+    """The page's own address and ``listed`` origins only, over HTTP and the socket (``origins``),
+    instead of Chainlit's CORS layer. Before the server starts."""
+    from starlette.middleware.cors import CORSMiddleware
+
+    from backend.page.guards.origins import OnlyAllowedOrigins
+
+    app.user_middleware = [m for m in app.user_middleware if m.cls is not CORSMiddleware]
+    chainlit_config.project.allow_origins = list(listed)
+    app.add_middleware(OnlyAllowedOrigins, listed=listed)
+
+
+def own_feedback_routes(endpoints: dict[str, Callable[..., Any]]) -> None:
+    """Put ``endpoints`` (by HTTP method) in place of Chainlit's ``/feedback`` routes, which answer 200
+    whatever the data layer did (``chats/feedback``). Chainlit's routes live on ``chainlit.server.router``
+    (FastAPI includes it into the app as it is, so a route replaced there is served). Before the server starts."""
+    from chainlit.server import router
+    from fastapi.routing import APIRoute
+
+    for method, endpoint in endpoints.items():
+        at = next(
+            i
+            for i, route in enumerate(router.routes)
+            if isinstance(route, APIRoute) and route.path.endswith("/feedback") and method in (route.methods or set())
+        )
+        path = router.routes[at].path  # type: ignore[attr-defined]
+        router.routes[at] = APIRoute(path, endpoint, methods=[method])
 
 
 def set_socket_pings(interval_s: float, timeout_s: float) -> None:
@@ -220,30 +256,6 @@ def client_address() -> str:
     return _client_address.get()
 
 
-def unreadable_message(payload: Any) -> str | None:
-    """Why a ``client_message`` payload is not a message Chainlit can read, or None."""
-    if not isinstance(payload, dict):
-        return "it is not a chat message"
-    step = payload.get("message")
-    if not isinstance(step, dict):
-        return "it has no message"
-    if not isinstance(step.get("id"), str):
-        return "it has no id"
-    try:
-        if uuid.UUID(step["id"]).version != 4:
-            raise ValueError
-    except ValueError:
-        return "its id is not a random UUID"
-    if not isinstance(step.get("output"), str):
-        return "it has no text"
-    if "createdAt" not in step:
-        return "it has no creation time"
-    files = payload.get("fileReferences")
-    if files is not None and not (isinstance(files, list) and all(isinstance(f, dict) and "id" in f for f in files)):
-        return "its attachments cannot be read"
-    return None
-
-
 async def _say(sid: str, text: str) -> None:
     """A message to the chat on socket ``sid`` (none when it is not a chat's socket)."""
     session = WebsocketSession.get(sid)
@@ -253,28 +265,78 @@ async def _say(sid: str, text: str) -> None:
     await cl.Message(content=f"⚠️ {text}").send()
 
 
+TOLD = "erniechat_told"
+"""The attribute of Chainlit's session object that holds the refusals already said there."""
+
+
 def guard_socket_events() -> None:
-    """Answer a malformed ``client_message`` or ``chat_settings_change`` with one plain sentence,
-    before Chainlit's handler fails on it with Python's own words."""
+    """Check every socket event Chainlit accepts against ``guards.socket_checks.rules`` before Chainlit's
+    handler sees it: a refused one is answered with one sentence (each time, or once per chat for those a
+    client sends many of, such as pieces of audio), an event from a socket that is no chat's is dropped,
+    and a ``connect`` without a chat page's auth object is refused in words; none reaches Chainlit to fail
+    with Python's own words."""
     handlers = sio.handlers["/"]
-    chainlit_message, chainlit_settings = handlers["client_message"], handlers["chat_settings_change"]
+    features = chainlit_config.features
+    audio = bool(features.audio and features.audio.enabled)
+    for event, rule in rules(bool(features.edit_message), audio, bool(features.favorites)).items():
+        handlers[event] = _guarded(rule, handlers[event])
+    chainlit_connect = handlers["connect"]
 
-    async def client_message(sid: str, *args: Any) -> None:
-        payload = args[0] if len(args) == 1 else args
-        why = unreadable_message(payload)
+    async def connect(sid: str, environ: dict[str, Any], auth: Any = None) -> Any:
+        if (why := connect_refusal(auth)) is not None:
+            raise socketio.exceptions.ConnectionRefusedError(why)  # python-socketio's own: its words reach the client
+        return await chainlit_connect(sid, environ, auth)
+
+    handlers["connect"] = connect
+
+
+def _guarded(rule: Rule, chainlit: Callable[..., Coroutine[Any, Any, Any]]) -> Callable[..., Any]:
+    """Chainlit's handler of one event behind ``rule``."""
+
+    async def handle(sid: str, *args: Any) -> Any:
+        session = WebsocketSession.get(sid)
+        if session is None:
+            return None
+        payload = (args[0] if len(args) == 1 else args) if rule.payload else None
+        why = rule.why_not(payload)
         if why is None:
-            await chainlit_message(sid, payload)
-        else:
-            await _say(sid, f"That message could not be read ({why}); nothing was sent to the engine.")
+            return await (chainlit(sid, payload) if rule.payload else chainlit(sid))
+        told: set[str] = getattr(session, TOLD, set())
+        if rule.every_time or why not in told:
+            setattr(session, TOLD, told | {why})
+            await _say(sid, why)
+        return None
 
-    async def chat_settings_change(sid: str, *args: Any) -> None:
-        values = args[0] if len(args) == 1 else args
-        if isinstance(values, dict):
-            await chainlit_settings(sid, values)
-        else:
-            await _say(sid, "Those chat settings could not be read (they are not named values); nothing was changed.")
+    return handle
 
-    handlers["client_message"], handlers["chat_settings_change"] = client_message, chat_settings_change
+
+AFTER_RESUME = "erniechat_after_resume"
+"""The attribute of Chainlit's session object that holds work to run once its chat has been reopened."""
+
+
+def after_resume(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` once Chainlit has sent the reopened chat to the tab (from ``on_chat_resume``, whose
+    own messages and actions the tab would show before the chat and then lose)."""
+    session = cl.context.session
+    setattr(session, AFTER_RESUME, [*getattr(session, AFTER_RESUME, []), work])
+
+
+def run_after_resume() -> None:
+    """Make :func:`after_resume`'s work run after Chainlit's ``connection_successful``. Before the server starts."""
+    handlers = sio.handlers["/"]
+    chainlit_connected = handlers["connection_successful"]
+
+    async def connection_successful(sid: str, *args: Any) -> None:
+        await chainlit_connected(sid)
+        session = WebsocketSession.get(sid)
+        waiting: list[Coroutine[Any, Any, None]] = getattr(session, AFTER_RESUME, []) if session else []
+        if session is not None and waiting:
+            setattr(session, AFTER_RESUME, [])
+            init_ws_context(session)
+            for work in waiting:
+                await work
+
+    handlers["connection_successful"] = connection_successful
 
 
 def watch_message_tasks(watch: Callable[[asyncio.Task[Any]], None]) -> None:

@@ -12,8 +12,17 @@ from backend.runtime.rundir import RunDir
 from backend.runtime.status import EngineStatus
 from config.performance.text import markdown
 
+MARKDOWN_MARKS = str.maketrans({c: f"\\{c}" for c in "\\`*_[]()<>!|~#&:$@.{}"})
+"""Backslash-escaped by :func:`as_plain`: what makes Markdown out of text in Chainlit's renderer (links,
+images, emphasis, code, HTML, tables; ``:name`` directives; autolinked addresses)."""
 PAGE_MARKER = "<!-- engine-plan -->"
 """Where the live plan goes in the tracked ``chainlit.md`` template."""
+
+
+def as_plain(text: str) -> str:
+    """``text`` that a person sent, to be shown inside a Markdown message as the characters it is: no
+    link, image, emphasis, code or HTML made of it."""
+    return text.translate(MARKDOWN_MARKS)
 
 
 def progress_line(status: EngineStatus) -> str:

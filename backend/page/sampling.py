@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.page.history import valid_text
+from backend.page.render import as_plain
 from config.sampling import Sampling
 from config.settings import Settings
 
@@ -105,8 +106,9 @@ def _number_text(number: float) -> str:
 
 
 def _sent(value: Any, limit: int = 40) -> str:
-    """The value as it was sent, quoted when text, cut at ``limit`` characters."""
+    """The value as it was sent, quoted when text, cut at ``limit`` characters, and shown as the characters
+    it is (a script's ``[x](javascript:...)`` is no link in the chat)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return _number_text(value)
     text = json.dumps(value, default=str, ensure_ascii=False)
-    return f"{text[: limit - 3]}..." if len(text) > limit else text
+    return as_plain(f"{text[: limit - 3]}..." if len(text) > limit else text)

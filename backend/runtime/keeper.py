@@ -1,6 +1,8 @@
 """After ready: ``serve`` keeps what it started alive, restarts what dies and tells ``status``.
 
-A dead engine, or the router, is started again in a thread of its own, at most
+``serve`` waits on its processes' exits (pidfds), so it sees one die at once; a dead engine leaves the
+router's rotation then, without waiting for the router's health checks. A dead engine, or the router,
+is started again in a thread of its own, at most
 ``engine.restart_limit`` times within :data:`~backend.runtime.revive.RESTART_WINDOW_S`, each after a
 longer pause (``revive``). Behind the router the other engines serve meanwhile and the run stays
 ready; the plan's only engine, or the router, makes the run start again, so new messages wait for
@@ -13,13 +15,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from backend.runtime.components.engines import Engine
 from backend.runtime.components.logwatch import Phase
 from backend.runtime.components.router import Router, WorkerHealth
 from backend.runtime.display import Display
+from backend.runtime.processes.groups import wait_for_exit
 from backend.runtime.revive import RestartBudget, Revival, bring_back
 from backend.runtime.status import EngineReport, EngineState, EngineStatus, WarmupRecord
 from config.pipeline import Planned
@@ -71,6 +74,12 @@ class Keeper:
         """Why the run cannot go on (the only engine, or the router, is not coming back)."""
         self._checked_router = 0.0
         self._router_seen: list[WorkerHealth] = []
+
+    def wait(self, timeout_s: float, also: Sequence[int] = ()) -> None:
+        """Sleep up to ``timeout_s``, waking the moment an engine, the router or a process of ``also``
+        exits (Linux pidfds), so that :meth:`check` sees it at once."""
+        pids = [e.pid for e in self.server.engines] + [self.server.router.pid if self.server.router else None]
+        wait_for_exit([p for p in [*pids, *also] if p], timeout_s)
 
     def halt(self) -> None:
         """No restart from now on (``serve`` is stopping); one under way starts no process."""
@@ -183,6 +192,9 @@ class Keeper:
         """A dead engine again, healthy and warmed; behind the router the others serve meanwhile."""
         plan, e = self._plan(), self.server.settings.engine
         why = f"{engine.label} exited (code {code})"
+        router = self.server.router
+        if router is not None and not router.take_out(engine.root):  # at once, not after its health checks
+            self.server.say(f"note: the router did not take {engine.label} out; its health checks will")
         if plan.split_across_nodes:  # its stages on the other nodes would have to start again with it
             self._give_up(engine, f"{why}; an engine split across nodes is not restarted alone")
             return
@@ -199,9 +211,11 @@ class Keeper:
                 self.server.warm(engine, plan, self._restart_warming(engine))
 
         def back(restarts: int) -> None:
+            if router is not None:
+                router.take_in(engine.root)
             self._engine_state(engine, "serving", "")
-            router = "" if self._alone else "; the router takes it in again"
-            self.server.say(f"{engine.label} is back (restart {engine.restarts}){router}")
+            again = "" if self._alone else "; the router takes it in again"
+            self.server.say(f"{engine.label} is back (restart {engine.restarts}){again}")
 
         self._bring_back(
             engine.name,

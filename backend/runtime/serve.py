@@ -441,7 +441,7 @@ def run_serve(settings: Settings, master_addr: str | None = None, master_port: i
             return 1
         print(f"ready: {server.base_url}", flush=True)
         while server.check():
-            time.sleep(1.0)
+            server.keeper.wait(1.0)  # an engine or the router that exits wakes it at once
         return 1
     finally:
         server.stop()

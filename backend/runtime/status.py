@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, model_serializer
 
-from backend.runtime.processes.groups import alive
+from backend.runtime.processes.groups import alive, running
 from backend.runtime.processes.leftovers import find_leftovers
 from config.performance.calibrate import WarmupSample
 from config.performance.forecast import Forecast
@@ -150,6 +150,41 @@ class EngineReport(BaseModel):
     """Requests the router has in flight there (None when not reported)."""
 
 
+PageState = Literal["up", "restarting", "down"]
+
+
+class PageProcess(BaseModel):
+    """One process of the chat page: the front that hands connections over, or one that serves chats."""
+
+    pid: int
+    role: Literal["front", "chats"] = "chats"
+    state: PageState = "up"
+
+
+class PageRecord(BaseModel):
+    """The chat page ``up`` runs, as ``status`` shows it: its own state and each of its processes'. A
+    process that is gone when the status is read shows ``down`` at once, whatever ``up`` last wrote."""
+
+    url: str
+    state: PageState = "up"
+    detail: str = ""
+    restarts: int = 0
+    processes: list[PageProcess] = Field(default_factory=list)
+
+    def as_seen_now(self) -> PageRecord:
+        """This record with each process's state checked now: ``down`` once it is gone (a page up
+        with a process gone is down until ``up`` says it restarts it)."""
+        seen = self.model_copy(deep=True)
+        for process in seen.processes:
+            if not running(process.pid):
+                process.state = "down"
+        gone = [p for p in seen.processes if p.state == "down"]
+        if seen.state == "up" and gone:
+            seen.state = "down"
+            seen.detail = f"process {gone[0].pid} is gone" + ("" if len(gone) == 1 else f" (and {len(gone) - 1} more)")
+        return seen
+
+
 class EngineStatus(BaseModel):
     state: State = "starting"
     detail: str = ""
@@ -174,6 +209,8 @@ class EngineStatus(BaseModel):
     """The router in front of several engines, when the plan has one."""
     engines: list[EngineReport] = Field(default_factory=list)
     """Behind the router: each engine, as ``serve``, the router and the engine itself see it."""
+    page: PageRecord | None = None
+    """The chat page, when ``up`` runs it."""
     notes: list[str] = Field(default_factory=list)
     error: str | None = None
     log_path: str = ""
@@ -210,6 +247,8 @@ def read_status(run_dir: Path) -> EngineStatus | None:
         where = ".".join(map(str, first["loc"]))
         why = f"unreadable status file {path}: {where + ': ' if where else ''}{first['msg']}"
         return EngineStatus(state="failed", detail=why, error=why)
+    if status.page is not None:
+        status.page = status.page.as_seen_now()
     if status.state in LIVE_STATES and not alive(status.pid):
         status.state = "failed"
         engine = status.engine_pid

@@ -22,16 +22,19 @@ from backend.errors import ErniechatError, PageError
 from backend.page.auth import exposed_without_login, login_note, login_on, weak_password_warning
 from backend.runtime.compare import Beside
 from backend.runtime.processes.child_tmp import OwnTmp
+from backend.runtime.processes.groups import group_processes
 from backend.runtime.processes.leftovers import stop_leftovers
 from backend.runtime.processes.process import IN_USE, ChildGroup, bind_problem
 from backend.runtime.revive import RestartBudget, Revival, bring_back
 from backend.runtime.serve import Server
+from backend.runtime.status import PageProcess, PageRecord, PageState
 from config.compare import CompareSpec
 from config.settings import ENV_DELIMITER, ENV_PREFIX, ROOT, Settings
 
 PAGE_START_S = 120.0
 """Chainlit imports in a few seconds; this bound only catches a page that hangs."""
 WATCH_S = 1.0
+"""Longest ``up`` waits between two looks at what it runs; a process that exits wakes it at once."""
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -104,12 +107,13 @@ class ChatPage:
     def pay_first_use(self) -> str | None:
         """One throwaway chat of one token through the page's socket, so that its imports, first
         socket, first render and first engine call are paid before anyone is let in: one from
-        each of ``workers`` client addresses, which the front places on its processes in turn.
+        each of ``workers`` client addresses, which the front places on its processes in turn. The
+        page keeps nothing of these chats (no "Hello." in anyone's history).
         None when done, else why not (the page still serves; the first user then pays)."""
         from backend.page_client import PageSession, loopback_sources
 
         async def chat_once(source: str | None) -> str | None:
-            tab = await PageSession(self.url, source=source).connect()
+            tab = await PageSession(self.url, source=source, unsaved=True).connect()
             try:
                 await tab.set_settings(max_tokens=1)
                 res = await tab.ask("Hello.", timeout=PAGE_START_S)
@@ -128,6 +132,16 @@ class ChatPage:
             return f"only one of the page's {self.workers} processes was reached from this machine's address"
         return None
 
+    def processes(self) -> list[PageProcess]:
+        """Its processes: the one that serves chats, or the front and each process behind it."""
+        pid = self.process.pid
+        if pid is None:
+            return []
+        if self.workers == 1:
+            return [PageProcess(pid=pid)]
+        behind = [p for p in group_processes(pid) if p != pid and _serves_chats(p)]
+        return [PageProcess(pid=pid, role="front"), *(PageProcess(pid=p) for p in behind)]
+
     def restart(self) -> None:
         """A fresh process group (after the page exited), on the same port."""
         self.stop()
@@ -144,6 +158,22 @@ class ChatPage:
         self.process.stop(grace_s=5.0)
 
 
+def _serves_chats(pid: int) -> bool:
+    """Whether ``pid`` is a page process behind the front (it was handed its channel)."""
+    try:
+        return b"--channel-fd" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def record_page(server: Server, page: ChatPage, state: PageState, detail: str = "", restarts: int = 0) -> None:
+    """The page and its processes in ``status`` (``up`` the moment they serve, restarting, down)."""
+    server.status.page = PageRecord(
+        url=page.url, state=state, detail=detail, restarts=restarts, processes=page.processes()
+    )
+    server.save()
+
+
 def open_page(page: ChatPage, settings: Settings) -> None:
     """Once the page serves: say whether it has login, and pay its first use where no login is on."""
     print(login_note(settings), flush=True)
@@ -155,26 +185,41 @@ def open_page(page: ChatPage, settings: Settings) -> None:
         print(f"note: the page's first chat failed ({why}); the first user pays for its first use", flush=True)
 
 
-def revive_page(page: ChatPage, code: int, budget: RestartBudget, settings: Settings) -> str | None:
+def revive_page(
+    page: ChatPage, code: int, budget: RestartBudget, settings: Settings, server: Server | None = None
+) -> str | None:
     """Start the page again after it exited with ``code``, each time after a longer pause, until it
-    serves (None) or its restarts are spent (why not, with its log's last lines)."""
+    serves (None) or its restarts are spent (why not, with its log's last lines); each step in
+    ``server``'s status."""
     spent: list[str] = []
+    done = [0]
+
+    def tell(state: PageState, detail: str = "") -> None:
+        if server is not None:
+            record_page(server, page, state, detail, done[0])
 
     def until_back() -> None:
         if (problem := page.wait_serving()) is not None:
             raise PageError(problem)
 
     def back(restarts: int) -> None:
+        done[0] += 1
+        tell("up")
         open_page(page, settings)
         print(f"the chat page is back (restart {restarts}): {page.url}", flush=True)
+
+    def give_up(why: str) -> None:
+        spent.append(f"{why}; last log lines:\n{page.tail()}")
+        tell("down", why)
 
     revival = Revival(
         label="the chat page",
         why=f"the chat page exited (code {code})",
+        announce=lambda text: tell("restarting", text),
         relaunch=page.restart,
         until_back=until_back,
         back=back,
-        give_up=lambda why: spent.append(f"{why}; last log lines:\n{page.tail()}"),
+        give_up=give_up,
     )
     bring_back(revival, budget, lambda line: print(line, flush=True))
     return spent[0] if spent else None
@@ -220,6 +265,7 @@ def run_up(settings: Settings, compare: CompareSpec | None = None) -> int:
         if why:
             print(f"error: {why}", file=sys.stderr)
             return 1
+        record_page(server, page, "up")
         open_page(page, settings)
         print(f"chat: {page.url}", flush=True)
         engines = "both setups' engines" if beside is not None else "the engine"
@@ -227,14 +273,15 @@ def run_up(settings: Settings, compare: CompareSpec | None = None) -> int:
         engine_up, budget = True, RestartBudget(settings.engine.restart_limit)
         while True:
             code = page.exit_code()
-            if code is not None and (why := revive_page(page, code, budget, settings)) is not None:
+            if code is not None and (why := revive_page(page, code, budget, settings, server)) is not None:
                 print(f"error: {why}; stopping", file=sys.stderr)
                 return 1
             if engine_up and not server.check():
                 engine_up = False  # check() has said why; the page stays and shows the error to its users
             if beside is not None:
                 beside.check()
-            time.sleep(WATCH_S)
+            watched = [p.pid for p in server.status.page.processes] if server.status.page else []
+            server.keeper.wait(WATCH_S, also=watched)  # a process that exits wakes it at once
     finally:
         if beside is not None:
             beside.stop()

@@ -198,3 +198,20 @@ def test_an_engine_beyond_loopback_needs_an_api_key(tmp_path: Path, monkeypatch:
 def test_an_engine_on_loopback_needs_no_api_key(monkeypatch: pytest.MonkeyPatch, host: str) -> None:
     monkeypatch.setenv("ERNIECHAT_ENGINE__HOST", host)
     assert load_settings().engine.api_key is None
+
+
+def test_allowed_origins_are_none_by_default_and_each_must_be_a_plain_origin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert load_settings().app.allowed_origins == [], "the page's own address only, by default"
+    monkeypatch.setenv("ERNIECHAT_APP__ALLOWED_ORIGINS", '["HTTPS://Chat.Example.com:443/", "http://10.0.0.5:8080"]')
+    assert load_settings().app.allowed_origins == ["https://chat.example.com", "http://10.0.0.5:8080"]
+    for bad, said in (
+        ('["*"]', "'*' would let any web page read the chats"),
+        ('["chat.example.com"]', '"chat.example.com" is not a web origin'),
+        ('["https://chat.example.com/page"]', "scheme, host and port only"),
+    ):
+        monkeypatch.setenv("ERNIECHAT_APP__ALLOWED_ORIGINS", bad)
+        with pytest.raises(SettingsError) as err:
+            load_settings()
+        assert "app.allowed_origins" in str(err.value) and said in str(err.value), str(err.value)

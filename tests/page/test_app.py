@@ -17,15 +17,14 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 from support.app_client import FOOTER, ChatClient, footer_of
-from support.held import held, open_streams, wait_for_streams
+from support.held import LONG_STORY, engine_counts, long_reply_held, open_streams, wait_for_streams
 from support.page import page_processes
 from support.ports import free_port
 from support.services import (
@@ -36,13 +35,14 @@ from support.services import (
     clear_settings_env,
     groups_of,
     nice_by_name,
+    run_backend,
     status_of,
     tmp_dir_of,
 )
-from support.waiting import group_gone, until_async
+from support.waiting import group_gone, until_async, wait_until
 
-from backend.engine_api import ChatResult, fetch_metrics, total
-from backend.errors import EngineRefused, EngineTimeout, TooLong
+from backend.engine_api import ChatResult, chat_errors
+from backend.errors import EngineDown, EngineRefused, EngineTimeout, TooLong
 from backend.page import render
 from backend.page.history import TemplateCost, fit
 from backend.page.link import EngineLink, Target, prefill_s
@@ -52,7 +52,7 @@ from backend.page_client import user_message
 from backend.runtime.components.engines import ENGINE_CORE_TITLE, WORKER_TITLE
 from backend.runtime.processes.groups import group_processes
 from backend.runtime.rundir import RunDir
-from backend.runtime.status import EngineStatus, WarmupRecord, read_status
+from backend.runtime.status import EngineStatus, PageRecord, WarmupRecord, read_status
 from backend.runtime.up import settings_env
 from config.pipeline import plan_for
 from config.sampling import Sampling
@@ -70,18 +70,6 @@ TRIMMED = re.compile(r"(\d+) earlier turns? left out[^*]*")
 
 def words(n: int) -> str:
     return " ".join(WORDS[i % len(WORDS)] for i in range(n))
-
-
-async def engine_counts(base_url: str) -> dict[str, float]:
-    async with httpx.AsyncClient(timeout=30) as http:  # read while a long reply runs or aborts
-        s = await fetch_metrics(http, base_url)
-    return {
-        "running": total(s, "vllm:num_requests_running"),
-        "waiting": total(s, "vllm:num_requests_waiting"),
-        "finished": total(s, "vllm:request_success_total"),
-        "generated": total(s, "vllm:generation_tokens_total"),
-        "prompt_tokens": total(s, "vllm:prompt_tokens_total"),
-    }
 
 
 # -- the pieces, without servers --------------------------------------------------------------
@@ -182,8 +170,12 @@ def test_each_chat_setting_brought_into_range_is_said_in_a_sentence(tmp_path: Pa
         "Temperature true is not a number (allowed: 0 to 2); it stays at 1.5.",
         "Top-p Infinity is not a number (allowed: 0.05 to 1); it stays at 0.95.",
         "Max tokens (reply) 100.7 is not a whole number (allowed: 1 to 4,096); 100 is used.",
-        'System prompt ["a"] is not text; it stays as it was.',
+        'System prompt \\["a"\\] is not text; it stays as it was.',
     ]
+    link = "[x](javascript:alert(1))"
+    assert checked({"temperature": link}, {}, settings)[1] == [
+        'Temperature "\\[x\\]\\(javascript\\:alert\\(1\\)\\)" is not a number (allowed: 0 to 2); it stays at 0.7.'
+    ], "a value is echoed as the characters it is, not as a Markdown link"
     fine = {"temperature": 0.3, "top_p": "0.5", "max_tokens": 64, "system_prompt": "Be brief."}
     assert checked(fine, {}, settings) == ({**fine, "top_p": 0.5}, [])
 
@@ -303,6 +295,40 @@ def test_stream_joins_tokens_for_the_page_but_times_each(engine: Engine, tmp_pat
         assert len(sent) == len(res.token_times), "one page message per delta"
     else:
         assert len(sent) == 2, "the first delta at once, the rest joined when the stream ends"
+
+
+def test_an_engine_that_drops_the_stream_mid_reply_is_said_in_words() -> None:
+    """A server that answers 200, sends one token of its stream and closes the connection (as a killed
+    engine does): the page says it in words; it said httpx's class name ("RemoteProtocolError")."""
+
+    async def run() -> str:
+        async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            piece = b'data: {"choices": [{"delta": {"content": "Once"}}]}\n\n'
+            head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            writer.write(head + f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(drop, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        seen: list[str] = []
+        try:
+            with pytest.raises(EngineDown) as err:
+                async with httpx.AsyncClient(timeout=30) as http:
+                    with chat_errors(url, replying=lambda: bool(seen)):
+                        async with http.stream("POST", f"{url}/v1/chat/completions", json={}) as response:
+                            async for line in response.aiter_lines():
+                                seen.append(line)
+        finally:
+            server.close()
+        return str(err.value)
+
+    said = asyncio.run(run())
+    assert said.endswith(
+        "dropped the connection mid-reply (it closed the connection before its answer was complete); did it stop?"
+    ), said
+    assert not re.search(r"[A-Z][a-z]+(Error|Exception)", said), said
 
 
 def test_footer_and_fence() -> None:
@@ -434,6 +460,13 @@ def test_up_stops_the_page_a_killed_up_left_running(tmp_path: Path) -> None:
             os.killpg(page, signal.SIGKILL)
 
 
+def page_of(run_dir: Path) -> PageRecord:
+    """The chat page as ``status`` shows it now (``up`` runs one)."""
+    page = status_of(run_dir).page
+    assert page is not None, "status has no word about the page"
+    return page
+
+
 def test_up_serves_engine_and_page_then_ctrl_c_stops_everything(tmp_path: Path) -> None:
     app_port, engine_port = free_port(), free_port()
     argv = [
@@ -467,6 +500,15 @@ def test_up_serves_engine_and_page_then_ctrl_c_stops_everything(tmp_path: Path) 
 
         assert footer_of(asyncio.run(one_reply()))[1] > 0
         assert "note: the page's first chat failed" not in up.output() and "only one of" not in up.output()
+        # the page's own first chats (one per process) are kept by nobody: the history holds the user's only
+        listed = httpx.post(f"{chat.split(' ', 1)[1]}/project/threads", json={"pagination": {"first": 9}, "filter": {}})
+        assert [t["name"] for t in listed.json()["data"]] == ["hello from up"], listed.text
+        page = page_of(tmp_path / "run")
+        assert page.state == "up", page
+        assert [(p.role, p.state) for p in page.processes] == [("front", "up"), ("chats", "up"), ("chats", "up")]
+        said = run_backend(tmp_path / "run", "status").stdout
+        each = ", ".join(f"{p.role} {p.pid} up" for p in page.processes)
+        assert f"page:    http://127.0.0.1:{app_port}  up: {each}" in said, said
         assert "chat page: 2 processes" in (tmp_path / "run" / "chat-page.log").read_text()
         engine_group = groups_of("vllm.entrypoints", f"--port {engine_port}")
         groups = {
@@ -487,8 +529,18 @@ def test_up_serves_engine_and_page_then_ctrl_c_stops_everything(tmp_path: Path) 
         front = next(iter(groups_of("backend.page.launch", "app.py", str(app_port))))
         workers = [p for p in group_processes(front) if b"--channel-fd" in Path(f"/proc/{p}/cmdline").read_bytes()]
         assert len(workers) == 2, workers
+        assert sorted(workers) == sorted(p.pid for p in page.processes if p.role == "chats")
         os.kill(workers[0], signal.SIGKILL)
+        killed = time.monotonic()
+        wait_until("status shows the page down", lambda: page_of(tmp_path / "run").state != "up", poll=0.02)
+        seen = page_of(tmp_path / "run")
+        print(f"status showed the page {seen.state} {time.monotonic() - killed:.2f} s after the kill: {seen.detail}")
+        assert {p.pid: p.state for p in seen.processes}[workers[0]] == "down", seen
+        wait_until("status shows the page restarting", lambda: page_of(tmp_path / "run").state == "restarting")
         up.wait_for_line("the chat page is back (restart 1)", timeout=300)
+        again = page_of(tmp_path / "run")
+        assert again.state == "up" and again.restarts == 1, again
+        assert [p.state for p in again.processes] == ["up"] * 3 and workers[1] not in {p.pid for p in again.processes}
         assert "note: the chat page exited (code" in up.output() and "restarting it (restart 1 of 3" in up.output()
         assert footer_of(asyncio.run(one_reply()))[1] > 0
         groups.update(groups_of("backend.page.launch", "app.py", str(app_port)))  # the new page's group
@@ -629,6 +681,74 @@ def test_malformed_socket_messages_are_answered_in_one_plain_sentence(chainlit_a
     assert footer_of(after)[1] > 0
 
 
+MALFORMED_EVENTS: list[tuple[str, tuple[Any, ...]]] = [
+    ("edit_message", ({"message": user_message("Edited.")},)),
+    ("edit_message", ("just a string",)),
+    ("edit_message", ()),
+    ("window_message", ()),
+    ("window_message", ("a", "b")),
+    ("audio_start", ("extra",)),
+    ("audio_chunk", ()),
+    ("audio_chunk", ({"data": 1},)),
+    ("audio_chunk", ("noise", 2)),
+    ("audio_end", ()),
+    ("message_favorite", ()),
+    ("message_favorite", ("x",)),
+    ("fetch_favorites", ("x", "y")),
+    ("chat_settings_edit", ("x",)),
+    ("chat_settings_edit", ()),
+    ("stop", ("x",)),
+]
+"""Events a script can send with what Chainlit cannot read (wrong payloads, missing or extra arguments),
+or for features this page has off (editing a sent message, voice input, favourites)."""
+SAID_ONCE = [
+    "Editing a sent message is off on this page; send a new one instead.",
+    "Voice input is off on this page; type your message instead.",
+    "Favourites are off on this page.",
+    "Those chat settings could not be read (they are not named values); nothing was changed.",
+]
+
+
+def test_every_socket_event_a_script_can_send_is_answered_in_words_without_a_traceback(
+    page_without_engine: Callable[..., ChatPage],
+) -> None:
+    """Chainlit ran an edit of a sent message and voice input though this page has both off, and failed on
+    a malformed one with a traceback in the log (``KeyError``, a missing argument); every event now gets
+    one sentence (once per chat for each kind), a socket without a chat page's auth is refused in words,
+    and the chat goes on. Voice's end saved a chat named "audio": none is saved."""
+    import socketio
+
+    page = page_without_engine()
+
+    async def run() -> tuple[list[str], list[str]]:
+        async with ChatClient(page.url) as tab:
+            for event, args in MALFORMED_EVENTS:
+                await tab.sio.emit(event, args if len(args) != 1 else args[0])
+            for event, args in MALFORMED_EVENTS:  # said once per chat, not again
+                await tab.sio.emit(event, args if len(args) != 1 else args[0])
+            await tab.sio.emit("chat_settings_change", {"temperature": "warm"})
+            await tab.wait_for(lambda: any("warm" in t for t in tab.texts()), 60)
+            said = [t for t in tab.texts() if t.startswith("⚠️")]
+        refused = []
+        for auth in (None, "x", {"sessionId": 5}, {"sessionId": "s", "clientType": "webapp", "userEnv": "{"}):
+            client = socketio.AsyncClient(reconnection=False)
+            client.on("connect_error", lambda data: refused.append(str(data)))
+            with contextlib.suppress(socketio.exceptions.ConnectionError):
+                await client.connect(page.url, socketio_path="/ws/socket.io", transports=["websocket"], auth=auth)
+            await client.disconnect()
+        return said, refused
+
+    said, refused = asyncio.run(run())
+    warm = '⚠️ Temperature "warm" is not a number (allowed: 0 to 2); it stays at 0.7.'
+    assert sorted(said) == sorted([f"⚠️ {s}" for s in SAID_ONCE] + [warm]), said
+    assert len(refused) == 4 and all("did not say which chat it is for" in r for r in refused), refused
+    assert "Connection refused by server" not in str(refused)
+    log = page.log_path.read_text()
+    assert "Traceback" not in log and "KeyError" not in log and "TypeError" not in log, log[-3000:]
+    r = httpx.post(f"{page.url}/project/threads", json={"pagination": {"first": 10}, "filter": {}}, timeout=10)
+    assert r.status_code == 200 and r.json()["data"] == [], "a chat was saved"
+
+
 def test_page_shows_live_plan_and_socket_settings(chainlit_app: ChatPage, engine: Engine) -> None:
     settings = httpx.get(chainlit_app.url + "/project/settings", timeout=10).json()
     status = read_status(engine.run_dir)
@@ -643,43 +763,6 @@ def test_page_shows_live_plan_and_socket_settings(chainlit_app: ChatPage, engine
     # engine.io handshake: the app's ping settings (10 s / 10 s), not the 25 s / 20 s defaults
     open_packet = httpx.get(chainlit_app.url + "/ws/socket.io/?EIO=4&transport=polling", timeout=10).text
     assert '"pingInterval":10000' in open_packet and '"pingTimeout":10000' in open_packet, open_packet
-
-
-LONG_STORY = "Tell me a very long story."  # fixed: its greedy reply is visible text (see above)
-
-
-@asynccontextmanager
-async def long_reply_held(
-    tab: ChatClient, engine: Engine, ask: Callable[[], Awaitable[str]] | None = None, tokens: int = 4000
-) -> AsyncIterator[tuple[str, dict[str, float]]]:
-    """Ask for a reply of ``tokens`` tokens (greedy on the demo weights: it runs to the end) and yield
-    once the page shows it streaming, with the engine held; with the engine's counters from before.
-    Until the tab has 5 tokens the engine runs only in steps of 20 ms (a few tokens each): however long
-    a busy machine delays the page, the reply cannot end before the test holds it. Each step stops the
-    engine from this thread, not a helper thread, which on a busy machine can wait for the GIL while the
-    engine runs on (one such step let it write over 300 tokens). ``ask``: how the story is asked for (default: sent
-    as a message); returns the id its reply answers."""
-    await tab.set_settings(temperature=0.0, max_tokens=tokens)
-    before = await engine_counts(engine.base_url)
-    with held(engine.run_dir) as hold:
-        mid = await (ask or (lambda: tab.send(LONG_STORY)))()
-
-        def streaming() -> bool:
-            reply = tab.reply_to(mid)
-            return bool(reply and tab.tokens.get(reply["id"], 0) >= 5)
-
-        steps = 0
-        while not streaming():
-            made = (await engine_counts(engine.base_url))["generated"] - before["generated"]
-            assert made < tokens // 2, f"the tab shows fewer than 5 tokens of a reply the engine made {made:.0f} of"
-            hold.step(0.02)  # blocks the loop for 20 ms: nothing it runs is needed meanwhile
-            steps += 1
-            with contextlib.suppress(AssertionError):
-                await tab.wait_for(streaming, 0.3)
-        made = (await engine_counts(engine.base_url))["generated"] - before["generated"]
-        print(f"streaming after {steps} steps of 20 ms, {made:.0f} tokens made")
-        assert made < tokens, f"the engine wrote the whole reply ({made:.0f} tokens) in {steps} steps of 20 ms"
-        yield mid, before
 
 
 async def released_and_aborted(engine: Engine, page: ChatPage, before: dict[str, float]) -> None:
@@ -938,6 +1021,7 @@ def test_engine_killed_mid_reply_comes_back_and_the_page_answers_and_retries(
             await tab.wait_for(lambda: mid in tab.finished, 60)
             error = tab.reply_to(mid)
             assert error and "⚠️" in error["output"] and "dropped the connection mid-reply" in error["output"], error
+            assert not re.search(r"[A-Z][a-z]+(Error|Exception)", error["output"]), "a class name, not words"
             assert "The engine stopped and is being restarted" in error["output"], error["output"]
             retry = [a for a in tab.actions if a["name"] == "retry" and a["forId"] == error["id"]]
             assert retry and retry[0]["payload"]["text"] == "Tell me a long story."

@@ -7,6 +7,7 @@ goes on. Saves the page to the test's tmp dir, and to ``docs/screenshot.png`` wh
 from __future__ import annotations
 
 import csv
+import json
 import os
 import re
 import shutil
@@ -16,13 +17,17 @@ from typing import TYPE_CHECKING
 import pytest
 from support.app_client import FOOTER
 from support.browser import footers_of, launch, needs_chromium, send_and_wait
+from support.chats import seed_chats
 from support.page import start_page
 from support.services import ROOT
 
+from backend.page.chats.database import async_url
+from backend.page.chats.identity import LOCAL_USER
+from backend.page.chats.partial import NOTE
 from backend.page.latency import COLUMNS
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from playwright.sync_api import WebSocketRoute
     from support.services import Engine
@@ -203,5 +208,64 @@ def test_browser_message_sent_before_the_socket_is_up_is_kept_then_answered(gree
                 expect(box).to_have_value("")
                 expect(notice).to_have_count(0)
                 page.close()
+        finally:
+            browser.close()
+
+
+@needs_chromium
+def test_browser_shows_a_setting_value_a_script_sent_as_text_not_a_link(
+    page_without_engine: Callable[..., ChatPage],
+) -> None:
+    """A script's temperature ``[x](javascript:alert(1))`` is echoed in the page's sentence about it; the
+    browser shows the characters, not a link (it was rendered as Markdown: a link named "x")."""
+    from playwright.sync_api import expect, sync_playwright
+
+    page_url = page_without_engine().url
+    value = "[x](javascript:alert(1))"
+    frames: list[str] = []
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        try:
+            page = browser.new_page()
+            to_page: list[WebSocketRoute] = []
+            page.on("websocket", lambda ws: ws.on("framereceived", lambda f: frames.append(str(f))))
+            page.route_web_socket(
+                lambda url: "/ws/socket.io/" in url, lambda ws: to_page.append(ws.connect_to_server())
+            )
+            page.goto(page_url)
+            page.locator("#chat-input").wait_for(timeout=60_000)
+            for _ in range(600):  # the chat has started once its settings arrived (Playwright's events come meanwhile)
+                if any('"chat_settings"' in f for f in frames):
+                    break
+                page.wait_for_timeout(100)
+            to_page[0].send('42["chat_settings_change",' + json.dumps({"temperature": value}) + "]")
+            notice = page.locator('[data-step-type="assistant_message"]').filter(has_text="is not a number")
+            expect(notice).to_contain_text(f'Temperature "{value}" is not a number', timeout=60_000)
+            expect(notice.locator("a")).to_have_count(0)
+        finally:
+            browser.close()
+
+
+@needs_chromium
+def test_browser_reopens_a_reply_the_pages_death_cut_off_with_its_note_and_retry(
+    page_without_engine: Callable[..., ChatPage], tmp_path: Path
+) -> None:
+    """A chat whose reply a page process that died mid-reply left (its text, the note, marked interrupted):
+    the browser reopens it with the question, the reply so far, the note, and a Retry button under it
+    (sent once the chat is shown: Chainlit replaces what the tab showed before with the stored chat)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    db = tmp_path / "chats.db"
+    (chat,) = seed_chats(async_url(f"sqlite:///{db}"), LOCAL_USER, 1, cut_off=True)
+    page_url = page_without_engine(ERNIECHAT_APP__DATABASE_URL=f"sqlite:///{db}").url
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        try:
+            page = browser.new_page()
+            page.goto(f"{page_url}/thread/{chat.thread}")
+            reply = page.locator('[data-step-type="assistant_message"]').filter(has_text="an answer 0")
+            expect(reply).to_contain_text(NOTE, timeout=60_000)
+            expect(page.locator('[data-step-type="user_message"]').get_by_text("a question 0")).to_be_visible()
+            expect(page.get_by_role("button", name="Retry")).to_have_count(1, timeout=60_000)
         finally:
             browser.close()

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sqlite3
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +26,24 @@ from chainlit.context import init_http_context
 from chainlit.types import Feedback
 from chainlit.user import User
 from support.app_client import ChatClient, footer_of
-from support.page import SMALL_CONTEXT, start_page
+from support.chats import seed_chats
+from support.held import LONG_STORY, long_reply_held
+from support.page import SMALL_CONTEXT, page_processes, start_page
 from support.ports import free_port
 from support.postgres import Postgres
-from support.services import Engine
+from support.services import Engine, status_of
 from support.waiting import until_async
 
 from backend.errors import PageError
 from backend.page.chats.database import DEFAULT_FILE, async_url, sqlite_file
 from backend.page.chats.identity import LOCAL_USER, REQUEST_USER, local_user_applies
+from backend.page.chats.interrupted import UNANSWERED
 from backend.page.chats.opening import open_chats, run_now
+from backend.page.chats.partial import AGAIN, NOTE
 from backend.page.chats.resume import COMPARED_KEY, REPLY_CHARS, REPLY_FROM, history_of
 from backend.page.chats.schema import ensure_schema
 from backend.page.chats.store import ChatStore
+from backend.runtime.status import write_status
 from backend.runtime.up import ChatPage
 from config.settings import Settings
 
@@ -168,6 +175,34 @@ def test_tags_and_json_come_back_as_written_and_writes_check_the_owner(db_url: s
             assert saved["feedback"] is not None and saved["feedback"]["value"] == 1
             assert store.writer.failures == 2, store.writer.last_error
             assert await store.get_thread_author(str(uuid.uuid4())) == "", "a missing chat: 404, not 500"
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+
+
+def test_a_users_message_and_its_chat_are_written_at_once_while_a_reply_is_in_flight(db_url: str) -> None:
+    """Writes that can wait (a notice) wait while a reply is in flight; the user's message and the chat's
+    name do not (they waited until the reply was done, and a page process that died mid-reply lost
+    both), and the writes queued before them go first, in order."""
+    run_now(ensure_schema(db_url))
+
+    async def run() -> None:
+        init_http_context()
+        store = ChatStore(db_url)
+        try:
+            ann = await store.create_user(User(identifier="ann"))
+            assert ann
+            tid, notice, question = (str(uuid.uuid4()) for _ in range(3))
+            step = {"threadId": tid, "name": "x", "streaming": False, "metadata": {}}
+            with store.writer.reply():
+                await store.create_step({**step, "id": notice, "type": "assistant_message", "output": "a notice"})
+                await store.update_thread(tid, name="first words", user_id=ann.id)
+                await store.create_step({**step, "id": question, "type": "user_message", "output": "first words"})
+                assert await store.writer.due_done()
+                thread = await store.get_thread(tid)
+                assert thread is not None and thread["name"] == "first words" and thread["userIdentifier"] == "ann"
+                assert [s["output"] for s in thread["steps"]] == ["a notice", "first words"]
         finally:
             await store.close()
 
@@ -452,6 +487,44 @@ def _notices(tab: ChatClient) -> list[str]:
     return [t for t in tab.texts() if "no longer being saved" in t]
 
 
+def test_feedback_is_refused_on_another_users_message_and_an_unknown_one_is_not_deleted(
+    page_without_engine: Callable[..., ChatPage], tmp_path: Path
+) -> None:
+    """Chainlit's routes answered 200 "success" to feedback on another user's message (nothing was written)
+    and to deleting a made-up feedback id: now 403 and 404, and the asker's own feedback comes and goes."""
+    db = tmp_path / "chats.db"
+    (ann_chat,) = seed_chats(async_url(f"sqlite:///{db}"), "ann", 1)
+    env = {"ERNIECHAT_APP__USERS": json.dumps(USERS), "ERNIECHAT_APP__AUTH_SECRET": SECRET}
+    page = page_without_engine(ERNIECHAT_APP__DATABASE_URL=f"sqlite:///{db}", **env)
+
+    async def run() -> None:
+        ann, bob = await _login(page, "ann"), await _login(page, "bob")
+
+        async def put(cookie: str, for_id: str) -> httpx.Response:
+            body = {"sessionId": "s", "feedback": {"forId": for_id, "value": 1, "threadId": ann_chat.thread}}
+            return await _http(page, "PUT", "/feedback", cookie, json=body)
+
+        async def delete(cookie: str, feedback_id: str) -> httpx.Response:
+            return await _http(page, "DELETE", "/feedback", cookie, json={"feedbackId": feedback_id})
+
+        for cookie, for_id, code in ((bob, ann_chat.answer, 403), (bob, str(uuid.uuid4()), 404), (ann, "x", 404)):
+            r = await put(cookie, for_id)
+            assert r.status_code == code and "success" not in r.text, (for_id, r.status_code, r.text)
+        mine = await put(ann, ann_chat.answer)
+        assert mine.status_code == 200, mine.text
+        feedback = mine.json()["feedbackId"]
+        for cookie, feedback_id, code in ((ann, str(uuid.uuid4()), 404), (bob, feedback, 403), (ann, "x", 404)):
+            r = await delete(cookie, feedback_id)
+            assert r.status_code == code and "success" not in r.text, (feedback_id, r.status_code, r.text)
+        stored = await _http(page, "GET", f"/project/thread/{ann_chat.thread}", ann)
+        (answer,) = [s for s in stored.json()["steps"] if s["id"] == ann_chat.answer]
+        assert answer["feedback"]["value"] == 1, "bob's refused removal left ann's feedback"
+        assert (await delete(ann, feedback)).status_code == 200
+        assert (await delete(ann, feedback)).status_code == 404, "deleted twice"
+
+    asyncio.run(run())
+
+
 def test_a_damaged_sqlite_file_at_start_leaves_the_page_chatting_and_says_so_once_per_chat(
     engine: Engine, tmp_path: Path
 ) -> None:
@@ -471,5 +544,116 @@ def test_a_damaged_sqlite_file_at_start_leaves_the_page_chatting_and_says_so_onc
             assert r.status_code in (400, 401), "no history without a database"
 
         asyncio.run(run())
+    finally:
+        page.stop()
+
+
+# -- a page process that dies mid-reply ------------------------------------------------------------
+async def _stored_reply(page: ChatPage, first: str, reply_id: str) -> dict[str, Any] | None:
+    """The reply ``reply_id`` of the chat that began with ``first``, as the page reads it from its database."""
+    for thread in await _threads(page):
+        if thread["name"] == first:
+            r = await _http(page, "GET", f"/project/thread/{thread['id']}")
+            steps = r.json()["steps"] if r.status_code == 200 else []
+            return next((s for s in steps if s["id"] == reply_id), None)
+    return None
+
+
+@pytest.mark.parametrize("chat", ["new", "existing"])
+def test_a_page_killed_mid_reply_keeps_the_message_and_the_reply_so_far_and_offers_retry(
+    engine: Engine, db_url: str, tmp_path: Path, chat: str
+) -> None:
+    """SIGKILL of the page process while a reply streams (the engine held, so the reply cannot end
+    first): the chat is in the history, and reopens with the user's message and the reply as far as it
+    had come, a note that it was interrupted and Retry, which answers it."""
+    page = start_page(engine.run_dir, tmp_path / "page.log", ERNIECHAT_APP__DATABASE_URL=db_url)
+    first = "Hello there." if chat == "existing" else LONG_STORY
+    try:
+
+        async def killed() -> tuple[str, str, str]:
+            async with ChatClient(page.url) as tab:
+                if chat == "existing":
+                    footer_of(await tab.ask(first))
+                async with long_reply_held(tab, engine, tokens=1000) as (mid, _):
+                    reply = tab.reply_to(mid)
+                    assert reply is not None
+                    shown = reply["output"]  # the engine is held: no more text comes
+                    await until_async(
+                        "the reply's text so far saved",
+                        lambda: _stored_reply(page, first, reply["id"]),
+                        lambda step: step is not None and step["output"].startswith(f"{shown}\n\n⚠️"),
+                    )
+                    for pid in page_processes(page):
+                        os.kill(pid, signal.SIGKILL)
+            return mid, reply["id"], shown
+
+        mid, reply_id, shown = asyncio.run(killed())
+        page = _restart(page)
+
+        async def reopened() -> None:
+            (thread,) = [t for t in await _threads(page) if t["name"] == first]
+            async with ChatClient(page.url, thread_id=thread["id"]) as tab:
+                steps = {s["id"]: s for s in tab.seen("resume_thread")[0]["steps"]}
+                assert steps[mid]["type"] == "user_message" and steps[mid]["output"] == LONG_STORY
+                assert steps[reply_id]["output"] == f"{shown}\n\n⚠️ {NOTE} {AGAIN}", steps[reply_id]["output"]
+                assert shown.strip(), "the reply had text when the page died"
+                retry = await tab.wait_for(lambda: [a for a in tab.actions if a.get("forId") == reply_id], 60)
+                assert retry[0]["name"] == "retry" and retry[0]["payload"]["reply_to"] == mid
+                await tab.click(retry[0])
+                again = tab.reply_to(mid)
+                assert again is not None and again["id"] != reply_id
+                footer_of(again)
+
+        asyncio.run(reopened())
+    finally:
+        page.stop()
+
+
+def test_a_page_killed_while_a_message_waits_for_the_engine_keeps_it_and_says_it_was_not_answered(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """The engine is starting (as its status says), so the message waits; the page process is killed
+    meanwhile: the chat is in the history with the message, and once the engine is ready it reopens with a
+    reply that says the message was not answered, with Retry, which answers it."""
+    run = tmp_path / "run"
+    ready = status_of(engine.run_dir)
+    write_status(
+        run, ready.model_copy(update={"state": "starting", "detail": "loading the weights", "pid": os.getpid()})
+    )
+    page = start_page(run, tmp_path / "page.log")
+    text = f"Are you there? {uuid.uuid4().hex[:6]}"
+
+    async def killed() -> str:
+        tab = await ChatClient(page.url).connect(wait_start=False)  # the chat's start waits for the engine too
+        try:
+            mid = await tab.send(text)
+            await tab.wait_for(lambda: any("waits until the engine is ready" in t for t in tab.texts()), 60)
+            await until_async(
+                "the message saved", lambda: _threads(page), lambda ts: any(t["name"] == text for t in ts)
+            )
+            for pid in page_processes(page):
+                os.kill(pid, signal.SIGKILL)
+        finally:
+            await tab.close()
+        return mid
+
+    try:
+        mid = asyncio.run(killed())
+        write_status(run, ready)
+        page = _restart(page)
+
+        async def reopened() -> None:
+            (thread,) = [t for t in await _threads(page) if t["name"] == text]
+            async with ChatClient(page.url, thread_id=thread["id"]) as tab:
+                steps = tab.seen("resume_thread")[0]["steps"]
+                assert [s["output"] for s in steps if s["type"] == "user_message"] == [text]
+                retry = await tab.wait_for(lambda: [a for a in tab.actions if a["name"] == "retry"], 60)
+                assert retry[0]["payload"] == {"text": text, "reply_to": mid}
+                said = tab.reply_to(mid)
+                assert said is not None and said["output"] == f"⚠️ {UNANSWERED} {AGAIN}", said
+                await tab.click(retry[0])
+                footer_of(tab.reply_to(mid) or {"output": ""})
+
+        asyncio.run(reopened())
     finally:
         page.stop()

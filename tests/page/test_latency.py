@@ -108,12 +108,10 @@ def test_every_footer_splits_the_first_token_and_latency_shows_percentiles_and_a
     asyncio.run(run())
 
 
-def test_a_new_chat_is_written_to_the_database_after_its_reply_not_on_the_way_to_its_first_token(
-    chainlit_app: ChatPage,
-) -> None:
-    """Chainlit asks for a first message's writes (the message, the chat's name) before ``on_message``
-    runs: they wait until the reply is done, so none shares the page's event loop with the way to the
-    first token. The empty reply is still shown before that token."""
+def test_a_new_chat_is_in_the_database_while_its_reply_is_on_its_way(chainlit_app: ChatPage) -> None:
+    """The user's message and the chat's name are written when the page takes the message, not after the
+    reply (a page process that dies mid-reply lost both, and the chat left the history); the empty reply is
+    still shown before the first token."""
     first = f"Name this chat {uuid.uuid4().hex[:8]}"
 
     async def listed() -> bool:
@@ -129,12 +127,11 @@ def test_a_new_chat_is_written_to_the_database_after_its_reply_not_on_the_way_to
             await tab.set_settings(max_tokens=4000)  # long enough to be on its way while the list is read
             mid = await tab.send(first)
             reply = await tab.wait_for(lambda: (r := tab.reply_to(mid)) is not None and r.get("output") and r, 120)
-            assert not await listed(), "the chat was written while its reply was on its way"
-            assert mid not in tab.finished, "the 4000-token reply ended before the database was read"
+            assert await until_async("the chat listed while its reply is on its way", listed, bool, timeout=60)
+            assert mid not in tab.finished, "the 4000-token reply ended before the chat was listed"
             assert tab.history_of(reply["id"])[0] == "", "the first token came before the empty reply"
-            await tab.stop()  # the rest of the reply is not needed: a stopped reply is written too
+            await tab.stop()  # the rest of the reply is not needed
             await tab.wait_for(lambda: mid in tab.finished, 300)
-        assert await until_async("the chat listed once its reply is done", listed, bool, timeout=60)
 
     asyncio.run(run())
 

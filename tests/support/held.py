@@ -6,22 +6,29 @@ closes it. ``open_streams(pid, port)`` counts that process's established TCP con
 the engine's port (``/proc``), so a test sees exactly when the page let go of a reply. Once
 resumed (SIGCONT), the engine either finishes the reply (nobody closed it) or aborts it.
 ``Hold.step`` lets it run for a moment only: a test that needs a reply streaming before it holds
-it starts held and steps, so the reply cannot run to its end while a busy machine delays the page.
+it starts held and steps, so the reply cannot run to its end while a busy machine delays the page;
+``long_reply_held`` does that for a long reply asked in a chat tab.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
+from backend.engine_api import fetch_metrics, total
 from backend.runtime.components.engines import ENGINE_CORE_TITLE
 from backend.runtime.processes.groups import group_processes
 from backend.runtime.status import read_status
+from support.app_client import ChatClient
+from support.services import Engine
 
 ESTABLISHED = "01"
 
@@ -109,3 +116,53 @@ def wait_for_streams(pid: int, port: int, want: int, bound_s: float = 120.0) -> 
         assert time.monotonic() - t0 < bound_s, f"{n} streams to :{port} after {bound_s:.0f} s, expected {want}"
         time.sleep(0.05)
     return time.monotonic() - t0
+
+
+async def engine_counts(base_url: str) -> dict[str, float]:
+    async with httpx.AsyncClient(timeout=30) as http:  # read while a long reply runs or aborts
+        s = await fetch_metrics(http, base_url)
+    return {
+        "running": total(s, "vllm:num_requests_running"),
+        "waiting": total(s, "vllm:num_requests_waiting"),
+        "finished": total(s, "vllm:request_success_total"),
+        "generated": total(s, "vllm:generation_tokens_total"),
+        "prompt_tokens": total(s, "vllm:prompt_tokens_total"),
+    }
+
+
+LONG_STORY = "Tell me a very long story."
+"""Fixed: its greedy reply on the demo weights is visible text."""
+
+
+@asynccontextmanager
+async def long_reply_held(
+    tab: ChatClient, engine: Engine, ask: Callable[[], Awaitable[str]] | None = None, tokens: int = 4000
+) -> AsyncIterator[tuple[str, dict[str, float]]]:
+    """Ask for a reply of ``tokens`` tokens (greedy on the demo weights: it runs to the end) and yield
+    once the page shows it streaming, with the engine held; with the engine's counters from before.
+    Until the tab has 5 tokens the engine runs only in steps of 20 ms (a few tokens each): however long
+    a busy machine delays the page, the reply cannot end before the test holds it. Each step stops the
+    engine from this thread, not a helper thread, which on a busy machine can wait for the GIL while the
+    engine runs on (one such step let it write over 300 tokens). ``ask``: how the story is asked for (default: sent
+    as a message); returns the id its reply answers."""
+    await tab.set_settings(temperature=0.0, max_tokens=tokens)
+    before = await engine_counts(engine.base_url)
+    with held(engine.run_dir) as hold:
+        mid = await (ask or (lambda: tab.send(LONG_STORY)))()
+
+        def streaming() -> bool:
+            reply = tab.reply_to(mid)
+            return bool(reply and tab.tokens.get(reply["id"], 0) >= 5)
+
+        steps = 0
+        while not streaming():
+            made = (await engine_counts(engine.base_url))["generated"] - before["generated"]
+            assert made < tokens // 2, f"the tab shows fewer than 5 tokens of a reply the engine made {made:.0f} of"
+            hold.step(0.02)  # blocks the loop for 20 ms: nothing it runs is needed meanwhile
+            steps += 1
+            with contextlib.suppress(AssertionError):
+                await tab.wait_for(streaming, 0.3)
+        made = (await engine_counts(engine.base_url))["generated"] - before["generated"]
+        print(f"streaming after {steps} steps of 20 ms, {made:.0f} tokens made")
+        assert made < tokens, f"the engine wrote the whole reply ({made:.0f} tokens) in {steps} steps of 20 ms"
+        yield mid, before

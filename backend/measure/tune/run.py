@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 
+from backend.engine_api import in_words
 from backend.errors import UsageError
 from backend.measure.bench import client_note
 from backend.measure.levels import Load, Target, measure_level
@@ -118,7 +119,7 @@ def run_candidate(
             _measure_levels(record, target, measure, settings.workload.prompt_tokens, min_model_len, plan.device)
             record.ok = True
         except (httpx.HTTPError, ValueError, OSError) as err:  # one bad candidate must not end the tune
-            record.error = f"measuring failed: {type(err).__name__}: {err}"
+            record.error = f"measuring failed: {in_words(err) if isinstance(err, httpx.HTTPError) else err}"
     return record
 
 

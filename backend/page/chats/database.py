@@ -73,7 +73,7 @@ def first_line(err: BaseException) -> str:
     """The driver's own first words of ``err`` (SQLAlchemy wraps them), for a one-line notice."""
     inner = getattr(err, "orig", None) or err
     words = str(inner).strip().splitlines()
-    return words[0] if words else type(inner).__name__
+    return words[0] if words else "it gave no reason"
 
 
 def from_json(value: Any, default: Any) -> Any:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
+from urllib.parse import urlsplit
 
 import chainlit as cl
 from chainlit.auth import create_jwt, decode_jwt
@@ -32,7 +33,9 @@ def local_user_applies(settings: Settings, host: str, login_on: bool) -> bool:
 
 class _Identity:
     """ASGI middleware: notes who asks (for the feedback check) and, with the local user, gives each
-    request and socket the local user's login cookie, so no login form is ever shown."""
+    request and socket the local user's login cookie, so no login form is ever shown. Only a request
+    that names a loopback address (``Host``) is the local user's: a web page whose own name was made to
+    resolve to 127.0.0.1 (DNS rebinding) names itself, and gets nobody."""
 
     def __init__(self, app: Any, token: Callable[[], str] | None) -> None:
         self.app = app
@@ -42,7 +45,7 @@ class _Identity:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        if self.token is not None:
+        if self.token is not None and _names_loopback(scope):
             headers = [(k, v) for k, v in scope.get("headers", []) if k != b"cookie"]
             kept = [
                 c
@@ -58,6 +61,15 @@ class _Identity:
             await self.app(scope, receive, send)
         finally:
             REQUEST_USER.reset(marker)
+
+
+def _names_loopback(scope: dict[str, Any]) -> bool:
+    """Whether the request's ``Host`` is a loopback address or ``localhost`` (with any port)."""
+    for key, value in scope.get("headers", []):
+        if key == b"host":
+            host = urlsplit(f"//{value.decode('latin-1').strip()}").hostname or ""
+            return is_loopback(host)
+    return False
 
 
 def _asker(scope: dict[str, Any]) -> str | None:

@@ -9,12 +9,14 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Awaitable, Coroutine, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import chainlit as cl
 
+from backend.page.chainlit_internals import own_feedback_routes
 from backend.page.chats.database import database_url, first_line, shown, sqlite_file
+from backend.page.chats.feedback import feedback_routes
 from backend.page.chats.schema import ensure_schema
 from backend.page.chats.store import ChatStore
 from config.settings import Settings
@@ -28,15 +30,26 @@ class Chats:
     layer: ChatStore | None = None
     problem: str | None = None
     local_user: bool = False
+    answering: set[str] = field(default_factory=set)
+    """The user messages this page process is answering now (their ids): not cut off, whatever is stored."""
 
     @contextlib.contextmanager
-    def reply(self) -> Iterator[None]:
-        """Around a reply: the database writes wait until it is done."""
-        if self.layer is None:
-            yield
-        else:
-            with self.layer.writer.reply():
+    def reply(self, reply_to: str = "") -> Iterator[None]:
+        """Around a reply to message ``reply_to``: the database writes that can wait, wait until it is done."""
+        self.answering.add(reply_to)
+        try:
+            if self.layer is None:
                 yield
+            else:
+                with self.layer.writer.reply():
+                    yield
+        finally:
+            self.answering.discard(reply_to)
+
+    def keep_saving(self, reply: cl.Message) -> None:
+        """Save the reply's text as it streams (``partial``), until its next update."""
+        if self.layer is not None:
+            self.layer.keep_saving(reply)
 
     def hold(self, task: asyncio.Task[Any]) -> None:
         """The database writes wait until ``task`` (a chat message's handler) is done."""
@@ -66,6 +79,7 @@ def open_chats(settings: Settings) -> Chats:
         print(f"chat page: the chat database {shown(url)} was upgraded (added {', '.join(added)})", flush=True)
     layer = chats.layer = ChatStore(url)
     cl.data_layer(lambda: layer)
+    own_feedback_routes(feedback_routes(layer))  # another user's message or an unknown feedback: 403 / 404
     return chats
 
 
@@ -105,7 +119,7 @@ async def _settled(work: Awaitable[list[str]]) -> list[str]:
 def problem_of(url: str, err: BaseException) -> str:
     """Why chats are not saved, naming the database and what to do."""
     where = shown(url)
-    why = f"{type(err).__name__}: {first_line(err)}"
+    why = first_line(err)
     path = sqlite_file(url)
     if path is not None:
         if "not a database" in str(err) or "malformed" in str(err):

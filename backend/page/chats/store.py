@@ -8,7 +8,11 @@
 - elements (files) are not stored without a storage client: not attempted (an export is made anew);
 - a missing thread's author raised ``ValueError`` (HTTP 500): now "Thread not found" (404);
 - feedback and thread writes are checked against the chat's owner (Chainlit's ``/feedback`` route
-  does not check who asks).
+  does not check who asks; ``feedback`` answers it 403 / 404);
+- a person's words are written at once (the user's message and its chat, a reply's last version, a
+  thumbs up or down) and a streaming reply's text every second (``partial``); other writes wait for
+  the replies in flight;
+- a chat opened with :data:`~backend.page_client.UNSAVED_HEADER` (the page's own warm-up) is not written.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import chainlit as cl
 from chainlit.context import context as chainlit_context
 from chainlit.data.sql_alchemy import SQLAlchemyDataLayer
 from chainlit.data.utils import queue_until_user_message
@@ -29,7 +34,11 @@ from sqlalchemy.orm import sessionmaker
 
 from backend.page.chats.database import NotYours, from_json, make_engine, shown, sqlite_file
 from backend.page.chats.identity import REQUEST_USER
+from backend.page.chats.partial import PartialRow, PartialSaver
 from backend.page.chats.writer import IN_WRITER, Writer
+from backend.page_client import UNSAVED_HEADER
+
+UNSAVED_ENVIRON = "HTTP_" + UNSAVED_HEADER.upper().replace("-", "_")
 
 log = logging.getLogger("erniechat.chats")
 
@@ -47,6 +56,8 @@ class ChatStore(SQLAlchemyDataLayer):
         self.engine = make_engine(url)
         self.async_session = sessionmaker(bind=self.engine, expire_on_commit=False, class_=AsyncSession)  # type: ignore[call-overload]
         self.writer = Writer(shown(url))
+        self.partials = PartialSaver(lambda work, what: self.writer.put(work, what, now=True), self.save_partials)
+        """Streaming replies' text so far, saved every second."""
         self.owners: dict[str, str | None] = {}
         """Thread id -> its owner's user id, as checked by the writer."""
 
@@ -65,8 +76,9 @@ class ChatStore(SQLAlchemyDataLayer):
             log.warning("chat store: a read failed on %s (%s: %s)", self.writer.where, type(err).__name__, err)
             return None
 
-    def _to_writer(self, work: Callable[[], Awaitable[None]], what: str) -> None:
-        self.writer.put(work, what)
+    def _to_writer(self, work: Callable[[], Awaitable[None]], what: str, now: bool = False) -> None:
+        if not _unsaved_session():
+            self.writer.put(work, what, now)
 
     # threads
     async def update_thread(
@@ -90,7 +102,7 @@ class ChatStore(SQLAlchemyDataLayer):
             await self._check_owner(thread_id, owner)
             await self.update_thread(thread_id, name, user_id, metadata, tags)
 
-        self._to_writer(write, "a chat's name or settings")
+        self._to_writer(write, "a chat's name or settings", now=name is not None or user_id is not None)
 
     async def _check_owner(self, thread_id: str, user_id: str | None) -> None:
         """Refuse a write into another user's chat (a socket can ask for any thread id)."""
@@ -129,17 +141,38 @@ class ChatStore(SQLAlchemyDataLayer):
     # steps
     @queue_until_user_message()
     async def create_step(self, step_dict: Any) -> None:
+        self._write_step(step_dict, now=step_dict.get("type") == "user_message")
+
+    @queue_until_user_message()
+    async def update_step(self, step_dict: Any) -> None:
+        """A message's later version: a reply's last one (the partial saves of it end here)."""
+        self.partials.untrack(step_dict["id"])
+        self._write_step(step_dict, now=True)
+
+    def _write_step(self, step_dict: Any, now: bool) -> None:
         owner = _session_user_id()
 
         async def write() -> None:
             await self._check_owner(step_dict["threadId"], owner)
             await SQLAlchemyDataLayer.create_step.__wrapped__(self, self._storable(step_dict))
 
-        self._to_writer(write, "a message")
+        self._to_writer(write, "a message", now)
 
-    @queue_until_user_message()
-    async def update_step(self, step_dict: Any) -> None:
-        await ChatStore.create_step.__wrapped__(self, step_dict)
+    def keep_saving(self, reply: cl.Message) -> None:
+        """Save ``reply``'s text every second while it streams (``partial``), until its next update."""
+        if not _unsaved_session():
+            self.partials.track(reply)
+
+    async def save_partials(self, rows: list[PartialRow]) -> set[str]:
+        """Streaming replies' text so far, one transaction; the ids whose row was there to update."""
+        done = set()
+        query = text('UPDATE steps SET "output" = :output, "metadata" = :metadata WHERE "id" = :id')
+        async with self.async_session() as session, session.begin():
+            for row in rows:
+                result = await session.execute(query, {"id": row.id, "output": row.output, "metadata": row.metadata})
+                if getattr(result, "rowcount", 0):
+                    done.add(row.id)
+        return done
 
     @queue_until_user_message()
     async def delete_step(self, step_id: str) -> None:
@@ -172,7 +205,7 @@ class ChatStore(SQLAlchemyDataLayer):
                 raise NotYours(f"feedback on message {feedback.forId} refused: not a message of {asker}'s chats")
             await SQLAlchemyDataLayer.upsert_feedback(self, feedback)
 
-        self._to_writer(write, "a thumbs up or down")
+        self._to_writer(write, "a thumbs up or down", now=True)
         return feedback.id
 
     async def delete_feedback(self, feedback_id: str) -> bool:
@@ -183,8 +216,23 @@ class ChatStore(SQLAlchemyDataLayer):
             if isinstance(rows, list) and rows and await self._feedback_owner(rows[0]["forId"], None) == asker:
                 await SQLAlchemyDataLayer.delete_feedback(self, feedback_id)
 
-        self._to_writer(write, "a feedback's removal")
+        self._to_writer(write, "a feedback's removal", now=True)
         return True
+
+    async def message_owner(self, step_id: str) -> str | None:
+        """Who owns the chat that message ``step_id`` is in (None: no such message)."""
+        if not _uuid_or_none(step_id):
+            return None
+        query = 'SELECT t."userIdentifier" AS owner FROM steps s JOIN threads t ON s."threadId" = t."id" '
+        rows = await self.execute_sql(query + 'WHERE s."id" = :id', {"id": step_id})
+        return str(rows[0]["owner"] or "") if isinstance(rows, list) and rows else None
+
+    async def feedback_message(self, feedback_id: str) -> str | None:
+        """The message feedback ``feedback_id`` is on (None: no such feedback)."""
+        if not _uuid_or_none(feedback_id):
+            return None
+        rows = await self.execute_sql('SELECT "forId" FROM feedbacks WHERE "id" = :id', {"id": feedback_id})
+        return str(rows[0]["forId"]) if isinstance(rows, list) and rows else None
 
     async def _feedback_owner(self, step_id: str, feedback_id: str | None) -> str | None:
         """Who owns the chat of message ``step_id`` (and of feedback ``feedback_id`` if it exists)."""
@@ -202,6 +250,23 @@ class ChatStore(SQLAlchemyDataLayer):
         """At the page's stop: the writes still waiting first."""
         await self.writer.flush(timeout=20)
         await self.engine.dispose()
+
+
+def _uuid_or_none(text: str) -> str | None:
+    """``text`` when it is a UUID (every id here is one; Postgres refuses to compare another)."""
+    try:
+        return str(uuid.UUID(text))
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def _unsaved_session() -> bool:
+    """Whether the chat being served asked not to be saved (the page's own warm-up)."""
+    try:
+        environ = chainlit_context.session.environ
+    except Exception:
+        return False
+    return isinstance(environ, dict) and environ.get(UNSAVED_ENVIRON) == "1"
 
 
 def _session_user_id() -> str | None:

@@ -1,7 +1,9 @@
 """Writes leave the reply's path: each write is queued and done by one task per page process, in
-order, after the replies in flight end (each in flight from its message's arrival; at most
-:data:`HOLD_S` later), so nothing on the way to a first token waits for the database or shares the
-event loop with it.
+order. Most wait until the replies in flight end (each in flight from its message's arrival; at most
+:data:`HOLD_S` later), so nothing on the way to a first token shares the event loop with them. A
+person's words do not wait: a write asked for ``now`` (the user's message and its chat, a reply's text
+so far, a reply's last version) is done at once, and with it every write queued before it, in order,
+so that a page process that dies loses at most what was said in the last moment.
 
 Chainlit's data layer swallows every database error; here a write that fails is said once in its
 chat, and later writes go on being tried (the database may come back).
@@ -15,7 +17,7 @@ import contextvars
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,13 +44,16 @@ class Job:
     work: Callable[[], Awaitable[None]]
     what: str
     session: WebsocketSession | None
+    number: int
+    """Its place in the order the writes were asked for."""
     queued: float = field(default_factory=time.monotonic)
 
 
 class Writer:
-    """One task per page process does the database writes, in the order they were asked for, once no
-    reply is in flight (or :data:`HOLD_S` after the write was asked for). A failed write is said once
-    in the chat it belongs to; later ones go on being tried (the database may come back)."""
+    """One task per page process does the database writes, in the order they were asked for: one asked
+    for ``now`` (and every one before it) at once, the others once no reply is in flight (or
+    :data:`HOLD_S` after they were asked for). A failed write is said once in the chat it belongs to;
+    later ones go on being tried (the database may come back)."""
 
     def __init__(self, where: str) -> None:
         self.where = where
@@ -57,6 +62,12 @@ class Writer:
         self.told: set[str] = set()
         self.failures = 0
         self.last_error = ""
+        self.asked = 0
+        """Writes asked for so far; each job's ``number``."""
+        self.due_upto = 0
+        """Jobs up to this number are done without waiting for the replies in flight."""
+        self.done_upto = 0
+        """The number of the last job done (or failed)."""
         self._wake: asyncio.Event | None = None
         self._quiet: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
@@ -69,7 +80,8 @@ class Writer:
             self._idle.set()
         return self._wake, self._quiet, self._idle
 
-    def put(self, work: Callable[[], Awaitable[None]], what: str) -> None:
+    def put(self, work: Callable[[], Awaitable[None]], what: str, now: bool = False) -> None:
+        """Queue ``work``; with ``now``, it and every write queued before it are done at once, in order."""
         wake, _, idle = self._events()
         try:
             session = chainlit_context.session
@@ -78,7 +90,10 @@ class Writer:
         if len(self.queue) >= MAX_QUEUED:
             dropped = self.queue.popleft()
             log.warning("chat store: %d writes waiting; dropped the oldest (%s)", MAX_QUEUED, dropped.what)
-        self.queue.append(Job(work, what, session if isinstance(session, WebsocketSession) else None))
+        self.asked += 1
+        self.queue.append(Job(work, what, session if isinstance(session, WebsocketSession) else None, self.asked))
+        if now:
+            self.due_upto = self.asked
         idle.clear()
         wake.set()
         if self._task is None or self._task.done():
@@ -112,6 +127,13 @@ class Writer:
         if self.replies == 0:
             quiet.set()
 
+    async def due_done(self, timeout: float = 10.0) -> bool:
+        """Wait until the writes due now (asked for ``now``, and those before them) are done; False on timeout."""
+        target, deadline = self.due_upto, time.monotonic() + timeout
+        while self.done_upto < target and self.queue and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return self.done_upto >= target or not self.queue
+
     async def flush(self, timeout: float = 60.0) -> bool:
         """Wait until every write asked for so far is done (or failed); False on timeout."""
         _, _, idle = self._events()
@@ -129,19 +151,24 @@ class Writer:
                 await wake.wait()
                 continue
             job = self.queue[0]
-            left = HOLD_S - (time.monotonic() - job.queued)
-            if not quiet.is_set() and left > 0:
+            while job.number > self.due_upto and not quiet.is_set():
+                left = HOLD_S - (time.monotonic() - job.queued)
+                if left <= 0:
+                    break
+                wake.clear()  # set again by the next write asked for (it may be due now) or by quiet
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(quiet.wait(), left)
+                    await asyncio.wait_for(_first(quiet.wait(), wake.wait()), left)
             self.queue.popleft()
             try:
                 await job.work()
             except Exception as err:
                 self._failed(job, err)
+            finally:
+                self.done_upto = job.number
 
     def _failed(self, job: Job, err: Exception) -> None:
         self.failures += 1
-        self.last_error = f"{type(err).__name__}: {first_line(err)}"
+        self.last_error = first_line(err)
         log.warning("chat store: %s failed on %s (%s)", job.what, self.where, self.last_error)
         session = job.session
         if session is None or session.id in self.told:
@@ -154,6 +181,16 @@ class Writer:
         if isinstance(err, NotYours):
             why = f"⚠️ This chat is not being saved: {err}"
         asyncio.get_running_loop().create_task(_say(session, why))
+
+
+async def _first(*waits: Coroutine[Any, Any, Any]) -> None:
+    """Until the first of ``waits`` is done (the others are cancelled)."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def _say(session: WebsocketSession, words: str) -> None:

@@ -15,7 +15,8 @@ every later turn to the same engine, so its prefix stays in that engine's cache.
 engine leaves the rotation after ``health_failures`` failed checks (requests sent to it
 meanwhile are retried on another engine; a reply streaming at the moment it died fails);
 its sessions move to a live engine and stay there. It rejoins after ``health_successes``
-good checks and takes new sessions.
+good checks and takes new sessions. ``serve`` does not wait for those checks for an engine it started:
+the moment its process exits it is taken out (:meth:`Router.take_out`), and put back once restarted.
 """
 
 from __future__ import annotations
@@ -304,11 +305,33 @@ class Router:
     def exit_code(self) -> int | None:
         return self.process.exit_code()
 
-    def health(self) -> list[WorkerHealth]:
-        """Every engine: in the router's rotation or not, its own /health, the router's load on it."""
+    def _client(self) -> httpx.Client:
         if self._checks is None:
             self._checks = httpx.Client(timeout=httpx.Timeout(2.0))
-        http = self._checks
+        return self._checks
+
+    def take_out(self, url: str) -> bool:
+        """Take engine ``url`` out of the rotation now (its process exited: the router's own checks take
+        seconds); True when the router did."""
+        return self._change("remove_worker", url, 2.0)
+
+    def take_in(self, url: str, timeout_s: float = 30.0) -> bool:
+        """Put engine ``url`` back in the rotation (healthy again: the router adds it once its /health
+        answers); True when the router did."""
+        return self._change("add_worker", url, timeout_s)
+
+    def _change(self, what: str, url: str, timeout_s: float) -> bool:
+        if self.process.proc is not None and not self.alive():
+            return False
+        try:
+            r = self._client().post(f"{self.url}/{what}", params={"url": url}, timeout=timeout_s)
+        except httpx.HTTPError:
+            return False
+        return r.status_code < 300
+
+    def health(self) -> list[WorkerHealth]:
+        """Every engine: in the router's rotation or not, its own /health, the router's load on it."""
+        http = self._client()
         # one this process started and that died cannot answer; one started elsewhere is asked
         reply = self._workers_reply(http) if self.process.proc is None or self.alive() else None
         seen = {w.get("url"): w for w in reply or []}

@@ -272,6 +272,6 @@ def _run_replicas(
                 return why
             if not server.check():
                 raise NodeError(server.status.error or "this node's engines stopped")
-            time.sleep(BEAT_S)
+            server.keeper.wait(BEAT_S)  # an engine that exits wakes it at once
     finally:
         server.stop()

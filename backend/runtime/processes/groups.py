@@ -6,7 +6,9 @@ its own, so that one signal reaches every process it spawned.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import signal
 import time
 from collections.abc import Callable
@@ -26,6 +28,37 @@ def start_time(pid: int) -> int | None:
         return int(_stat(Path(f"/proc/{pid}/stat"))[19])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def running(pid: int | None) -> bool:
+    """Whether process ``pid`` runs: it exists and is no zombie (dead, its exit not yet collected)."""
+    if not pid:
+        return False
+    try:
+        return _stat(Path(f"/proc/{pid}/stat"))[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_for_exit(pids: list[int], timeout_s: float) -> None:
+    """Until one of ``pids`` that runs now exits, or ``timeout_s``: at once, through Linux pidfds (a plain
+    sleep where there are none). Zombies are left out: their exit is already there to be collected."""
+    fds = []
+    try:
+        for pid in pids:
+            if running(pid):
+                with contextlib.suppress(OSError):
+                    fds.append(os.pidfd_open(pid))
+        if not fds:
+            time.sleep(timeout_s)
+            return
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        poller.poll(timeout_s * 1000)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def group_processes(pgid: int, live: bool = False) -> list[int]:
