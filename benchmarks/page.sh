@@ -65,7 +65,7 @@ elif [ -n "${LAUNCH_AB:-}" ]; then
 else
   .venv/bin/python - <<'PY' | tee "$OUT/first-use.json"
 import asyncio, json
-from backend.measure.startup_bench import page_first_chats, path_warmth
+from backend.measure.startup.bench import page_first_chats, path_warmth
 page = asyncio.run(page_first_chats("http://127.0.0.1:8080"))
 paths = asyncio.run(path_warmth("http://127.0.0.1:8000/v1", "demo", None))
 print(json.dumps({"page_first_chats_ttft_s": [c.ttft_s for c in page], "page_first_chats_footers_ms": [c.footer_ms for c in page],

@@ -11,8 +11,8 @@ from backend.cli.options import add_plan_options
 from backend.errors import UsageError
 from backend.measure.bench import this_machine
 from backend.measure.plots import plot_startup
-from backend.measure.startup_bench import PAUSE_S, measure_start
-from backend.measure.startup_records import StartupReport, StartupRun
+from backend.measure.startup.bench import PAUSE_S, measure_start
+from backend.measure.startup.records import StartupReport, StartupRun
 from backend.runtime.processes.process import unwind_on_signals
 from config.settings import Settings
 

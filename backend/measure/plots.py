@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from backend.measure.startup_records import StartupFailure, StartupRun
+from backend.measure.startup.records import StartupFailure, StartupRun
 from config.compare import PLAN_LABEL
 
 if TYPE_CHECKING:

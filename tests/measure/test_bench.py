@@ -17,7 +17,7 @@ from backend.engine_api import ChatResult
 from backend.measure.bench import BenchRow, cap_levels, compared_levels, page_added_ttft
 from backend.measure.levels import Load, Target, closed_loop, measure_level, measure_page_level
 from backend.measure.page_floor import figures
-from backend.measure.startup_bench import page_first_chats
+from backend.measure.startup.bench import page_first_chats
 from backend.measure.stats import Level
 from backend.runtime.up import ChatPage
 

@@ -10,7 +10,7 @@ import time
 from support.services import Engine
 
 from backend.engine_api import KINDS
-from backend.measure.startup_bench import PAUSED_REQUESTS, path_warmth
+from backend.measure.startup.bench import PAUSED_REQUESTS, path_warmth
 
 
 def test_every_path_is_measured_back_to_back_and_after_a_pause(engine: Engine) -> None:

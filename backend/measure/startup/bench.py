@@ -27,7 +27,7 @@ import httpx
 
 from backend.engine_api import KINDS, ChatResult, Kind, ask, models, request
 from backend.errors import MeasureError
-from backend.measure.startup_records import IdleRound, PathWarmth, StartupFailure, StartupRun
+from backend.measure.startup.records import IdleRound, PathWarmth, StartupFailure, StartupRun
 from backend.page_client import NO_VISIBLE_REPLY, PageSession
 from backend.prompts import prompt_of
 from backend.runtime.processes.process import free_port
