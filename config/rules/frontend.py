@@ -42,7 +42,7 @@ def gpu_frontend(
     ``engines``: servers per GPU group behind the router; ``routed``: one server per GPU group (and
     share) behind the router, as on several nodes."""
     small = host_bound(model)
-    rust = rust_frontend(draft, model)
+    rust = rust_frontend(draft, model, dp * engines * (hardware.nodes if routed else 1))
     if rust:
         draft.set(
             "api_server_count",
@@ -78,9 +78,11 @@ def gpu_frontend(
         draft.set("async_scheduling", False, f"the {backend} executor does not schedule asynchronously")
 
 
-def rust_frontend(draft: Draft, model: ModelSpec) -> bool:
-    """Set rust_frontend: vLLM's own Rust API server for a small model, whose host side is the ceiling;
-    Python API servers where the user pinned several of them or a stream interval, or for a big model."""
+def rust_frontend(draft: Draft, model: ModelSpec, engine_cores: int) -> bool:
+    """Set rust_frontend: vLLM's own Rust API server for a small model on one engine, whose host side is the
+    ceiling; Python API servers where the user pinned several of them or a stream interval, for a big
+    model, and for several engines (``engine_cores`` > 1: replicas, or engines behind the router), where
+    Python API servers were measured ahead of one Rust frontend and the two together were not measured."""
     pinned_api = draft.pins.get("api_server_count", 1)
     pinned_interval = draft.pins.get("stream_interval", 1)
     if pinned_api > 1 or pinned_interval > 1:
@@ -97,12 +99,23 @@ def rust_frontend(draft: Draft, model: ModelSpec) -> bool:
                 "is not the ceiling; the Rust frontend was measured on a small model only",
             )
         )
+    if engine_cores > 1:
+        return bool(
+            draft.set(
+                "rust_frontend",
+                False,
+                f"Python API servers for the {engine_cores} engines: several engines with theirs gave 1.57x / 2.53x "
+                "vLLM's defaults at 128 / 256 users, one engine with vLLM's Rust frontend 1.32x / 1.75x; several "
+                "with Rust frontends are not measured (BENCHMARKS.md#rust-frontend; `tune` tries it)",
+            )
+        )
     return bool(
         draft.set(
             "rust_frontend",
             True,
-            "vLLM's own Rust API server: HTTP, tokenising and detokenising in one native process, where Python "
-            "API servers are a small model's ceiling (BENCHMARKS.md#rust-frontend)",
+            "vLLM's own Rust API server for one engine: HTTP, tokenising and detokenising in one native process, "
+            "where Python API servers are a small model's ceiling; alone it gave 1.06x / 1.11x vLLM's defaults' "
+            "tokens/s at 1 / 16 users with 0.66x / 0.48x the first-token time (BENCHMARKS.md#rust-frontend)",
         )
     )
 

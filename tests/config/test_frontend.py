@@ -25,15 +25,29 @@ def env_of(p: Plan) -> list[dict[str, str]]:
     return [c.env for c in build_commands(p, python="python3", model_path="/m", host="127.0.0.1", port=8000)]
 
 
-@pytest.mark.parametrize("users", [8, 256])
-def test_a_small_model_on_a_gpu_runs_vllms_rust_frontend_one_process_every_token(users: int) -> None:
+@pytest.mark.parametrize("users", [8, 32])
+def test_a_small_model_on_one_gpu_engine_runs_vllms_rust_frontend_one_process_every_token(users: int) -> None:
     p = plan("1xH100", users=users)
+    assert p.engine_count == 1 and p.data_parallel_size == 1
     assert p.rust_frontend and p.api_server_count == 1 and p.stream_interval == 1
     assert "BENCHMARKS.md#rust-frontend" in p.reasons["rust_frontend"]
     assert "refuses --stream-interval" in p.reasons["stream_interval"]
-    assert all(env.get(RUST_FRONTEND_ENV) == "1" for env in env_of(p)), "every engine behind the router runs one"
+    assert [env.get(RUST_FRONTEND_ENV) for env in env_of(p)] == ["1"]
     argv = " ".join(build_commands(p, python="python3", model_path="/m", host="127.0.0.1", port=8000)[0].argv)
     assert "--api-server-count" not in argv and "--stream-interval" not in argv
+
+
+def test_several_engines_keep_python_api_servers_unless_pinned_each_then_runs_its_own() -> None:
+    """Engines sharing a GPU behind the router, and replicas: measured ahead with Python API servers; one Rust
+    frontend per engine only when pinned."""
+    shared = plan("1xH100", users=256)
+    assert shared.engine_count == 3 and not shared.rust_frontend and shared.stream_interval == 16
+    assert "several with Rust frontends are not measured" in shared.reasons["rust_frontend"]
+    replicas = plan("2xH200-nvlink")
+    assert replicas.data_parallel_size == 2 and not replicas.rust_frontend
+    pinned = plan("1xH100", users=256, pins={"rust_frontend": "true"})
+    assert pinned.api_server_count == 1 and pinned.stream_interval == 1
+    assert [env.get(RUST_FRONTEND_ENV) for env in env_of(pinned)] == ["1", "1", "1"], "one for every engine"
 
 
 def test_pinned_python_api_servers_or_stream_interval_keep_pythons_front_end() -> None:

@@ -63,7 +63,7 @@ def test_gpu_candidates_cover_every_split_the_planner_accepts() -> None:
 
 def test_gpu_candidates_vary_engines_per_gpu_mps_graphs_and_the_front_end() -> None:
     found, _ = candidates("1xH200", users=256)
-    assert found[0].values["engines_per_gpu"] == 3 and found[0].values["rust_frontend"]
+    assert found[0].values["engines_per_gpu"] == 3 and not found[0].values["rust_frontend"]
     (two,) = (c for c in found if c.changes == ("engines",))
     assert two.pins == {"engines_per_gpu": 2} and two.name == "2 engines per GPU" and two.plan.routed
     assert two.plan.gpu_memory_utilization > found[0].plan.gpu_memory_utilization, "two share the memory"
@@ -78,11 +78,14 @@ def test_gpu_candidates_vary_engines_per_gpu_mps_graphs_and_the_front_end() -> N
     assert "--compilation-config" not in engine_flags(own.plan) and "--compilation-config" in engine_flags(
         found[0].plan
     )
-    (python,) = (c for c in found if c.changes == ("frontend",))
-    assert python.pins == {"rust_frontend": False} and python.name == "Python API servers"
-    assert (python.values["api_server_count"], python.values["stream_interval"]) == (4, 16)
-    assert not any({"stream", "api x2", "api /2"} & set(c.changes) for c in found), "the Rust frontend takes neither"
-    pythons, _ = candidates("1xH200", users=256, pins={"rust_frontend": "false"})
+    (rust,) = (c for c in found if c.changes == ("frontend",))
+    assert rust.pins == {"rust_frontend": True} and rust.name == "vLLM's Rust frontend"
+    assert (rust.values["api_server_count"], rust.values["stream_interval"]) == (1, 1)
+    assert not any(c.values["rust_frontend"] and {"stream", "api x2", "api /2"} & set(c.changes) for c in found)
+    ones, _ = candidates("1xH200", users=32)  # one engine: the Rust frontend, and Python API servers tried
+    assert ones[0].values["rust_frontend"] and not any({"stream", "api x2"} & set(c.changes) for c in ones)
+    assert next(c for c in ones if c.changes == ("frontend",)).values["api_server_count"] == 4
+    pythons = found
     every = next(c for c in pythons if c.changes == ("stream",))
     assert every.values["stream_interval"] == 1 and every.name == "stream interval 1"
     api = pythons[0].values["api_server_count"]

@@ -40,6 +40,8 @@ TUNED_KEYS = (
     "max_cudagraph_capture_size",
 )
 SPLIT_KEYS = TUNED_KEYS[:3]
+PYTHON_SERVER_KEYS = frozenset({"api_server_count", "stream_interval"})
+"""Knobs of Python API servers only: never crossed with vLLM's Rust frontend, which refuses both."""
 
 # Which single change to try first, per objective (after other parallel splits).
 _LATER = ("async", "graphs", "sharing", "stream", "api /2")
@@ -121,8 +123,8 @@ def enumerate_candidates(
         return any(key in user and user[key] != value for key, value in pins.items())
 
     def add(name: str, pins: dict[str, Any], changes: tuple[str, ...], base: dict[str, int], engines: int) -> None:
-        if overruled(pins):
-            return
+        if overruled(pins) or (pins.get("rust_frontend") and PYTHON_SERVER_KEYS & pins.keys()):
+            return  # the Rust frontend takes neither Python API servers' count nor a stream interval
         try:
             p = plan(pins)
         except PlanError as err:
