@@ -1,4 +1,5 @@
-"""``predict``: what a plan delivers at several loads, beside ``vllm serve``'s defaults on the same hardware.
+"""``predict``: what a plan delivers at several loads, beside ``vllm serve``'s defaults on the same hardware
+(and on a GPU beside ``vllm serve`` with ``VLLM_USE_RUST_FRONTEND=1``).
 
 The plan is made from the flags as ``plan`` makes it, or read from a file (``plan --json``'s output or a
 run's ``plan.json``); ``--hardware`` and ``--model`` say what it runs on; ``--at`` lists the loads.
@@ -22,7 +23,7 @@ from config.plan import Plan
 from config.settings import Settings
 
 NAME = "predict"
-HELP = "predict a plan's TTFT, TPOT and tokens/s at several loads, beside vLLM's defaults"
+HELP = "predict a plan's TTFT, TPOT and tokens/s at several loads, beside vLLM's defaults (and its Rust frontend)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,17 +67,29 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         plan, hardware, model = planned.plan, planned.hardware, planned.model
     costs, unusable = costs_for(settings.engine.run_dir, hardware.name, plan.device)
     ours, theirs = layout_of(plan, hardware), vllm_defaults(hardware, model, plan.dtype)
-    rows: list[tuple[Prediction, Prediction]] = []
+    rust = vllm_defaults(hardware, model, plan.dtype, rust_frontend=True) if hardware.has_gpu else None
+    rows: list[tuple[Prediction, Prediction, Prediction | None]] = []
     for users in at:
         load = Load(users, (w.prompt_tokens,), w.reply_tokens, requests=args.requests)
-        rows.append((predict(ours, model, load, costs), predict(theirs, model, load, costs)))
+        rows.append(
+            (
+                predict(ours, model, load, costs),
+                predict(theirs, model, load, costs),
+                predict(rust, model, load, costs) if rust else None,
+            )
+        )
     if args.json:
         data = {
             "plan": plan.summary(),
             "hardware": hardware.name,
             "costs": costs.model_dump(mode="json"),
             "levels": [
-                {"plan": p.model_dump(mode="json"), "vllm_defaults": d.model_dump(mode="json")} for p, d in rows
+                {
+                    "plan": p.model_dump(mode="json"),
+                    "vllm_defaults": d.model_dump(mode="json"),
+                    "vllm_rust_frontend": r.model_dump(mode="json") if r else None,
+                }
+                for p, d, r in rows
             ],
         }
         print(json.dumps(data, indent=2))
@@ -86,12 +99,20 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     print(f"host costs: {costs.source}" + (f" ({unusable})" if unusable else ""))
     print()
     head = f"{'users':>6}  {'tok/s (band)':>22}  {'TTFT p50 ms':>20}  {'TTFT p99 ms':>20}  {'TPOT ms':>18}  "
-    print(head + f"{'vllm serve tok/s':>16}  {'gain':>5}  bound")
-    for p, d in rows:
-        gain = p.output_tokens_per_s.point / d.output_tokens_per_s.point if d.output_tokens_per_s.point else 0.0
+    print(head + f"{'vllm serve tok/s':>16}  {'gain':>5}  {'+ Rust frontend':>15}  {'gain':>5}  bound")
+    for p, d, r in rows:
         print(
             f"{p.users:>6}  {figure(p.output_tokens_per_s):>22}  {figure(p.ttft_p50_ms):>20}  "
             f"{figure(p.ttft_p99_ms):>20}  {figure(p.tpot_p50_ms):>18}  {number(d.output_tokens_per_s.point):>16}  "
-            f"{gain:>4.2f}x  {p.bound_text}"
+            f"{_gain(p, d):>5}  {number(r.output_tokens_per_s.point) if r else '-':>15}  {_gain(p, r):>5}  "
+            f"{p.bound_text}"
         )
+    if rust:
+        print("\n+ Rust frontend: vllm serve with VLLM_USE_RUST_FRONTEND=1 and nothing else")
     return 0
+
+
+def _gain(ours: Prediction, other: Prediction | None) -> str:
+    """The plan's tokens/s over another setup's: '1.87x'; '-' where there is none."""
+    base = other.output_tokens_per_s.point if other else 0.0
+    return f"{ours.output_tokens_per_s.point / base:.2f}x" if base > 0 else "-"

@@ -6,7 +6,9 @@ an order where each figure depends mostly on one cost: the prompts' first-token 
 lengths give the compute rate (the CPU engine's FLOP/s per core, a GPU's share of its peak), the short
 prompt's first token the per-request cost (last, as every other cost moves it), one user's time per
 output token the per-step cost, and the concurrent round's the per-sequence cost. Twice over, since each
-fit moves the others a little.
+fit moves the others a little. On a plan with vLLM's Rust frontend the warm-up measured the Rust server:
+the model charges it its shares of a Python API server's costs (``RustFrontendShares``), so the per-request
+cost and the latency are fitted through them.
 """
 
 from __future__ import annotations

@@ -17,6 +17,36 @@ from pydantic import BaseModel, ConfigDict, Field
 CostsKind = Literal["default", "calibrated"]
 
 
+class RustFrontendShares(BaseModel):
+    """vLLM's Rust API server (``VLLM_USE_RUST_FRONTEND=1``: HTTP, tokenising and detokenising in one native,
+    multithreaded process) as shares of a Python API server's costs on the same host: shares, not times, as
+    they were fitted against ``vllm serve``'s plain defaults on one host and carry to another host's costs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cpu: float = Field(gt=0, le=1)
+    """Share of a Python API server's CPU per request, prompt token, output token and streamed chunk
+    (``request_ms``, ``tokenize_us``, ``token_us``, ``chunk_us``)."""
+    latency: float = Field(gt=0, le=1)
+    """Share of ``latency_ms``: the Rust server's own hops from the connection to the engine core and back."""
+    threads: float = Field(ge=1)
+    """Cores its threads work on at once, where a Python API server has one."""
+
+
+RUST_FRONTEND_SHARES = RustFrontendShares(cpu=0.2, latency=0.58, threads=4.0)
+"""Fitted on one H100 host (16 cores, vLLM 0.24, 2026-12-07) to ``vllm serve DIR`` alone with and without
+``VLLM_USE_RUST_FRONTEND=1``: ``vllm bench serve`` random 512 in / 128 out, ``--ignore-eos``, max(32, 4 x C)
+requests, one run per level. The Rust server gave 1.06x / 1.11x / 1.32x / 1.75x the plain defaults' tokens/s at
+1 / 16 / 128 / 256 users and 0.66x their TTFT p50 at one user. That host was faster than the one
+``GPU_HOST_DEFAULTS`` were fitted on (its plain defaults did 636 tok/s at one user, not 425), its engine core
+more so than its Python API server; so the shares were fitted on its own costs, ``GPU_HOST_DEFAULTS`` with the
+engine core's times 0.61x, the API server's 0.86x and the latency 0.90x (these give its plain defaults' one-user
+TPOT and TTFT and 256-user tokens/s). There ``latency`` gives the one-user TTFT, and the four tokens/s ratios
+come out 3 % under to 10 % over. ``cpu`` and ``threads`` were not measured apart: the tokens/s at 128 and 256
+hold for ``cpu / threads`` up to about a half (beyond, the Rust server sets the pace there, as one Python
+server does); a fifth on four threads is taken within that bound."""
+
+
 class HostCosts(BaseModel):
     """Per-step, per-token and per-request CPU costs on the host, and the CPU engine's compute rate."""
 
@@ -53,6 +83,9 @@ class HostCosts(BaseModel):
     """The CPU engine's memory bandwidth per core (weight and KV reads of a decode step)."""
     gpu_efficiency: float = Field(default=0.45, gt=0, le=1)
     """Share of the GPU's dense bf16 peak a prompt's matrix products reach."""
+    rust_frontend: RustFrontendShares = RUST_FRONTEND_SHARES
+    """vLLM's Rust API server's costs as shares of the Python API server's above (``front_end``). A calibration
+    on a plan that runs it measured the Rust server: it fits the figures above through these shares."""
     kind: CostsKind = "default"
     source: str = ""
     """Where the figures come from, in words: a BENCHMARKS.md section, or the warm-up they were fitted to."""
@@ -73,6 +106,20 @@ class HostCosts(BaseModel):
         update["cpu_memory_gbs"] = self.cpu_memory_gbs / device
         update["gpu_efficiency"] = min(1.0, self.gpu_efficiency / device)
         return self.model_copy(update=update)
+
+    def front_end(self, rust: bool) -> HostCosts:
+        """The costs with the API side of an engine's front end: a Python API server's as they are, or the
+        Rust frontend's (``rust``: its shares of them). Taken once, where a layout is predicted."""
+        if not rust:
+            return self
+        share = self.rust_frontend
+        update = {k: getattr(self, k) * share.cpu for k in API_CPU_COSTS}
+        update["latency_ms"] = self.latency_ms * share.latency
+        return self.model_copy(update=update)
+
+
+API_CPU_COSTS = ("request_ms", "tokenize_us", "token_us", "chunk_us")
+"""An API server's CPU costs (per request, prompt token, output token, streamed chunk)."""
 
 
 GPU_HOST_DEFAULTS = HostCosts(

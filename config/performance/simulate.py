@@ -2,10 +2,11 @@
 
 Each user sends a request, waits for its whole reply and sends the next at once (``vllm bench serve``
 and ``bench`` do this). A request passes the chat page's event loop (on the page's path), the router's
-latency (several engines) and an API server (a queue of its own), then waits for a free slot
-(``max_num_seqs``, KV capacity) and for the step budget (``max_num_batched_tokens``): prompts are read in
-chunks beside the running sequences' next tokens, in arrival order, as vLLM's scheduler does. Steps of
-pure decoding are taken together up to the next arrival or reply end, so a run costs events, not tokens.
+latency (several engines) and an API server (a queue of its own; vLLM's Rust frontend: one per thread),
+then waits for a free slot (``max_num_seqs``, KV capacity) and for the step budget
+(``max_num_batched_tokens``): prompts are read in chunks beside the running sequences' next tokens, in
+arrival order, as vLLM's scheduler does. Steps of pure decoding are taken together up to the next arrival
+or reply end, so a run costs events, not tokens.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ A step runs every running sequence's next token and up to ``max_num_batched_toke
 With async scheduling the host prepares the next step while the GPU runs this one, so the longer of the
 two sets the pace; without it (the CPU engine, or async off) they add up. An API server that cannot
 stream the tokens as fast as the engine makes them sets the pace too (vLLM's defaults at 128 users:
-one API server, every token a chunk, BENCHMARKS.md#api-servers-and-stream-interval).
+one API server, every token a chunk, BENCHMARKS.md#api-servers-and-stream-interval); vLLM's Rust frontend
+spends a share of a Python server's CPU on each token and works on several cores.
 """
 
 from __future__ import annotations
@@ -179,8 +180,16 @@ class StepModel:
         host = host_fixed + host_seq + host_prompt
         device = max(memory, compute) + comm
         duration = max(host, device) if lay.async_scheduling else host + device
-        api = decode * self.api_token_s / max(lay.api_servers, 1e-9)
+        api = decode * self.api_token_s / self.api_capacity
         return Step(max(duration, api, 1e-6), host_fixed, host_seq, host_prompt, memory, compute, comm, api)
+
+    @property
+    def api_capacity(self) -> float:
+        """Cores an engine core's API side works on at once: a core per Python API server; the Rust frontend's
+        threads (``RustFrontendShares.threads``)."""
+        lay = self.layout
+        threads = self.costs.rust_frontend.threads if lay.rust_frontend else 1.0
+        return max(lay.api_servers * threads, 1e-9)
 
     @property
     def api_token_s(self) -> float:

@@ -41,18 +41,30 @@ def summary(p: Prediction) -> str:
     )
 
 
+def reference(name: str, at_load: Prediction, at_one: Prediction) -> str:
+    """'NAME at 256 / 1 user: 14,121 / 405 tok/s, TTFT p50 532 / 15.3 ms'."""
+    return (
+        f"{name} at {at_load.users} / 1 user: {number(at_load.output_tokens_per_s.point)} / "
+        f"{number(at_one.output_tokens_per_s.point)} tok/s, TTFT p50 {number(at_load.ttft_p50_ms.point)} / "
+        f"{number(at_one.ttft_p50_ms.point)} ms"
+    )
+
+
 def forecast_lines(f: Forecast) -> list[str]:
-    """``plan``'s and ``status``'s block: the plan at its load and at one user, vLLM's defaults beside it."""
-    base, base_one = f.defaults_at_load, f.defaults_at_one
+    """``plan``'s and ``status``'s block: the plan at its load and at one user, vLLM's defaults beside it (and on
+    a GPU ``vllm serve`` with vLLM's Rust frontend)."""
     lines = [
         f"at {load_words(f.at_load)}: {summary(f.at_load)}",
         f"at 1 user: {summary(f.at_one)}",
-        f"vllm serve (defaults) at {base.users} / 1 user: {number(base.output_tokens_per_s.point)} / "
-        f"{number(base_one.output_tokens_per_s.point)} tok/s, TTFT p50 {number(base.ttft_p50_ms.point)} / "
-        f"{number(base_one.ttft_p50_ms.point)} ms"
+        reference("vllm serve (defaults)", f.defaults_at_load, f.defaults_at_one)
         + (f": the plan {f.gain:.2f}x at {f.at_load.users}" if f.gain else ""),
-        f"host costs: {f.costs.source}",
     ]
+    if f.rust_at_load and f.rust_at_one:
+        lines.append(
+            reference("vllm serve with VLLM_USE_RUST_FRONTEND=1", f.rust_at_load, f.rust_at_one)
+            + (f": the plan {f.rust_gain:.2f}x at {f.at_load.users}" if f.rust_gain else "")
+        )
+    lines.append(f"host costs: {f.costs.source}")
     lines += [f"note: {n}" for n in dict.fromkeys(f.at_load.notes + f.at_one.notes)]
     return lines
 

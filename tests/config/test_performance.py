@@ -14,38 +14,31 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from support.performance import DATA, ERNIE, FIGURES, check, model, warmup_samples
 
 from config.calibrated import calibrated_path, costs_for, save_calibrated
 from config.errors import HardwareError
 from config.hardware import Hardware, list_profiles, load_profile
-from config.model import ModelSpec, read_model
+from config.model import ModelSpec
 from config.performance import (
     BOUNDS,
     CPU_HOST_DEFAULTS,
     GPU_HOST_DEFAULTS,
     HostCosts,
     Load,
-    Prediction,
     layout_of,
     predict,
     vllm_defaults,
 )
 from config.performance.calibrate import CalibrationError, WarmupSample, calibrate
 from config.performance.forecast import forecast
-from config.performance.prediction import predict_point, simulate_load
+from config.performance.prediction import predict_point
 from config.plan import Plan
 from config.planner import PlanError, make_plan
 from config.settings import WorkloadSettings
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "tests" / "data"
 MODELS = sorted(p.stem for p in DATA.glob("*.json"))
-FIGURES = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "output_tokens_per_s", "per_user_tokens_per_s")
-ERNIE = "ernie-4.5-0.3b-pt"
-
-
-def model(name: str) -> ModelSpec:
-    return read_model(DATA / f"{name}.json")
 
 
 def plans() -> list[tuple[str, str, Hardware, ModelSpec, Plan]]:
@@ -63,16 +56,6 @@ def plans() -> list[tuple[str, str, Hardware, ModelSpec, Plan]]:
 
 
 PLANS = plans()
-
-
-def check(p: Prediction) -> None:
-    for key in FIGURES:
-        f = getattr(p, key)
-        assert all(math.isfinite(x) and x > 0 for x in (f.point, f.low, f.high)), (key, f)
-        assert f.low <= f.point <= f.high, (key, f)
-    assert p.ttft_p99_ms.point >= p.ttft_p50_ms.point
-    assert math.isfinite(p.queue_ms) and p.queue_ms >= 0
-    assert p.bound_text and p.costs
 
 
 def costs(device: str) -> HostCosts:
@@ -155,37 +138,6 @@ def test_a_split_across_nodes_and_replicas_on_nodes_are_predicted() -> None:
 
 
 # -- calibration ------------------------------------------------------------------------------------
-def warmup_samples(plan: Plan, hw: Hardware, m: ModelSpec, truth: HostCosts) -> list[WarmupSample]:
-    """What a warm-up would have measured on a host whose costs are ``truth``: the model's own figures."""
-    layout = layout_of(plan, hw)
-    out = []
-    for shape, prompt in (("short", 60), ("medium", 510), ("long", 1020), ("steady", 60)):
-        fig = simulate_load(layout, m, Load(1, (prompt,), 16, requests=1), truth)
-        total = fig["ttft_s"] + 15 * fig["tpot_s"]
-        out.append(
-            WarmupSample(
-                shape=shape, prompt_tokens=prompt, concurrency=1, ttft_s=fig["ttft_s"], total_s=total, tokens=16
-            )
-        )
-    crowd = Load(8, (47, 227, 381), 16, requests=8)
-    fig = simulate_load(layout, m, crowd, truth)
-    for i in range(8):
-        prompt = crowd.prompt_tokens[i % 3]
-        total = fig["ttft_s"] + 15 * fig["tpot_mean_s"]
-        out.append(
-            WarmupSample(
-                shape="concurrent",
-                prompt_tokens=prompt,
-                concurrency=8,
-                round=2,
-                ttft_s=fig["ttft_s"],
-                total_s=total,
-                tokens=16,
-            )
-        )
-    return out
-
-
 @pytest.mark.parametrize(("profile", "base"), [("cpu-only", CPU_HOST_DEFAULTS), ("1xH100", GPU_HOST_DEFAULTS)])
 def test_calibration_finds_the_costs_a_warmup_measured(profile: str, base: HostCosts) -> None:
     hw, m = load_profile(profile), model(ERNIE)
@@ -277,6 +229,7 @@ def test_plan_says_what_it_expects_at_its_load_and_at_one_user_and_which_costs(t
     assert "at 256 users, 512-token prompts, 128-token replies: " in out and "at 1 user: " in out
     assert re.search(r"[\d,]+ tok/s \([\d,]+-[\d,]+\), [\d.,]+ tok/s per user; TTFT p50 [\d.,]+ ms \(", out), out
     assert "bound: " in out and re.search(r"vllm serve \(defaults\) at 256 / 1 user: .* the plan \d\.\d\dx at 256", out)
+    assert re.search(r"vllm serve with VLLM_USE_RUST_FRONTEND=1 at 256 / 1 user: [\d,]+ / [\d,]+ tok/s, .* plan", out)
     assert "host costs: defaults fitted to BENCHMARKS.md#headline" in out
     data = json.loads(cli(tmp_path, "plan", *H100_256, "--json").stdout)["expected"]
     assert data["at_load"]["users"] == 256 and data["at_one"]["users"] == 1 and data["costs"]["kind"] == "default"
@@ -306,5 +259,8 @@ def test_predict_shows_a_plan_files_loads_beside_vllms_defaults(tmp_path: Path) 
     rows = [line for line in done.stdout.splitlines() if re.match(r"\s+\d+\s+[\d,]+ \(", line)]
     assert [int(r.split()[0]) for r in rows] == [1, 16, 128], done.stdout
     assert all(re.search(r"\s\d+\.\d\dx\s", r) for r in rows), "each load's gain over vLLM's defaults"
+    assert "+ Rust frontend" in done.stdout and all(len(re.findall(r"\d\.\d\dx", r)) == 2 for r in rows), (
+        "and over vllm serve with the Rust frontend"
+    )
     bad = cli(tmp_path, "predict", *model_flags, "--at", "0,4")
     assert bad.returncode == 2 and "--at '0,4': every load is 1 user or more" in bad.stderr
