@@ -46,7 +46,7 @@ def at(hw: Hardware, plan: Plan, users: int) -> Prediction:
 def test_a_rust_frontend_plan_is_predicted_ahead_of_the_same_plan_with_python_api_servers(profile: str) -> None:
     """More tokens/s at 128 and 256 users, a shorter first token at one: the same plan, its front end pinned."""
     hw, m = load_profile(profile), ernie()
-    rust = make_plan(hw, m, WorkloadSettings(users=256))
+    rust = make_plan(hw, m, WorkloadSettings(users=256), {"rust_frontend": True})  # several engines: a pin
     python = make_plan(hw, m, WorkloadSettings(users=256), {"rust_frontend": False})
     assert rust.rust_frontend and not python.rust_frontend
     for users in (128, 256):
@@ -64,7 +64,7 @@ def test_rust_frontend_plans_keep_the_models_invariants_on_every_gpu_profile(pro
     """Finite figures inside their bands, for the plan and for ``vllm serve`` with the Rust frontend; more users
     never wait fewer milliseconds."""
     hw, m = load_profile(profile), ernie()
-    plan = make_plan(hw, m, WorkloadSettings(users=256))
+    plan = make_plan(hw, m, WorkloadSettings(users=256), {"rust_frontend": True})
     assert plan.rust_frontend
     for layout in (layout_of(plan, hw), vllm_defaults(hw, m, plan.dtype, rust_frontend=True)):
         assert layout.rust_frontend
