@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
@@ -743,3 +744,12 @@ def test_every_reason_is_short_and_speaks_of_the_product(profile: str, users: in
     for key, reason in p.reasons.items():
         assert len(reason) <= 300, f"{profile}, {users} users, {key}: {len(reason)} characters: {reason}"
         assert not LAB_NOTES.search(reason), f"{profile}, {users} users, {key}: {reason}"
+        for anchor in re.findall(r"BENCHMARKS\.md#([a-z0-9-]+)", reason):
+            assert anchor in benchmark_anchors(), f"{key} cites BENCHMARKS.md#{anchor}, a section it does not have"
+
+
+@cache
+def benchmark_anchors() -> set[str]:
+    """The anchors of BENCHMARKS.md's sections, as GitHub makes them from the headings."""
+    headings = re.findall(r"^#+ (.+)$", (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"), flags=re.M)
+    return {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}
