@@ -6,7 +6,6 @@ goes on. Saves the page to the test's tmp dir, and to ``docs/screenshot.png`` wh
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from support.app_client import FOOTER
-from support.browser import footers_of, launch, needs_chromium, send_and_wait
+from support.browser import download_csv, footers_of, launch, needs_chromium, send_and_wait
 from support.chats import seed_chats
 from support.page import start_page
 from support.services import ROOT
@@ -117,14 +116,8 @@ def test_browser_chats_reads_latency_downloads_its_csv_and_reopens_the_chat_afte
             expect(panel.locator("img[alt='latency.png']")).to_be_visible()
 
             # 3. the CSV through the browser's download: a header and one row per reply, the footers' TTFT
-            with page.expect_download(timeout=60_000) as download:
-                panel.locator("a[download$='.csv']").click()
-            saved = tmp_path / download.value.suggested_filename
-            download.value.save_as(saved)
-            with saved.open(newline="") as f:
-                reader = csv.DictReader(f)
-                rows = list(reader)
-            assert tuple(reader.fieldnames or ()) == COLUMNS, reader.fieldnames
+            header, rows = download_csv(page, panel, tmp_path)
+            assert header == COLUMNS, header
             assert [(r["reply"], r["output_tokens"]) for r in rows] == [
                 ("1", str(REPLY_TOKENS)),
                 ("2", str(REPLY_TOKENS)),

@@ -10,7 +10,6 @@ starts, without an engine."""
 from __future__ import annotations
 
 import asyncio
-import csv
 import json
 import re
 import signal
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from support.app_client import FOOTER, ChatClient, footer_of
-from support.browser import footers_of, launch, needs_chromium, send_and_wait
+from support.browser import download_csv, footers_of, launch, needs_chromium, send_and_wait
 from support.early import launched_early, take
 from support.ports import free_port, free_run
 from support.services import BackendProcess, backend_env, environ_of, groups_of, run_backend, status_of
@@ -170,14 +169,8 @@ def test_browser_gets_two_labelled_replies_in_turn_compares_them_and_reopens_the
             expect(panel.locator("img[alt='latency.png']")).to_be_visible()
 
             # 3. the CSV: one row per reply, with its setup, in the order they came, the footers' TTFT
-            with page.expect_download(timeout=60_000) as download:
-                panel.locator("a[download$='.csv']").click()
-            saved = tmp_path / download.value.suggested_filename
-            download.value.save_as(saved)
-            with saved.open(newline="") as f:
-                reader = csv.DictReader(f)
-                rows = list(reader)
-            assert tuple(reader.fieldnames or ()) == COLUMNS
+            header, rows = download_csv(page, panel, tmp_path)
+            assert header == COLUMNS
             assert [(r["reply"], r["setup"]) for r in rows] == list(
                 zip(["1", "2", "3", "4"], [*BOTH, *BOTH[::-1]], strict=True)
             )

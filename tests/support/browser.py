@@ -3,6 +3,7 @@ in it (types a message and waits for its replies, reads the footers)."""
 
 from __future__ import annotations
 
+import csv
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +13,7 @@ import pytest
 from support.app_client import FOOTER
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Page, Playwright
+    from playwright.sync_api import Browser, Locator, Page, Playwright
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -55,3 +56,16 @@ def footers_of(page: Page) -> list[re.Match[str]]:
     found = [FOOTER.search(t) for t in texts]
     assert all(found), texts
     return [m for m in found if m]
+
+
+def download_csv(page: Page, panel: Locator, folder: Path) -> tuple[tuple[str, ...], list[dict[str, str]]]:
+    """Click the ``/latency`` panel's CSV link as a person would and read the file the browser saved:
+    its header and its rows."""
+    with page.expect_download(timeout=60_000) as download:
+        panel.locator("a[download$='.csv']").click()
+    saved = folder / download.value.suggested_filename
+    download.value.save_as(saved)
+    with saved.open(newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    return tuple(reader.fieldnames or ()), rows
