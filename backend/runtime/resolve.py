@@ -67,7 +67,7 @@ def _from_hub(model_id: str, revision: str | None) -> str:
     except Exception as err:
         raise ModelReadError(
             f"model '{model_id}': not in the local Hugging Face cache and the hub cannot be reached "
-            f"({type(err).__name__})"
+            f"({str(err).splitlines()[0][:200] if str(err) else 'no answer'})"
         ) from None
 
 
@@ -102,8 +102,8 @@ def _unloadable(path: Path) -> str | None:
     try:
         header = json.loads(raw)
         end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
-        return f"its header is not a safetensors header ({type(err).__name__})"
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return "its header is not a safetensors header (not JSON, or a tensor without its data offsets)"
     if 8 + length + end != size:
         return f"its tensors need {8 + length + end} bytes, the file holds {size}"
     return None

@@ -95,8 +95,8 @@ GOOD = safetensors_bytes()
         (GOOD[:20], f"its header wants {len(GOOD) - 24} bytes, the file holds 20"),
         (struct.pack("<Q", 2**40) + bytes(8), f"its header wants {2**40} bytes, over safetensors' limit of 100000000"),
         (b"<html>", "6 bytes, less than a header"),
-        (struct.pack("<Q", 3) + b"[1]", "its header is not a safetensors header (AttributeError)"),
-        (struct.pack("<Q", 4) + b"{x}!", "its header is not a safetensors header (JSONDecodeError)"),
+        (struct.pack("<Q", 3) + b"[1]", "its header is not a safetensors header (not JSON, or a tensor without its data offsets)"),
+        (struct.pack("<Q", 4) + b"{x}!", "its header is not a safetensors header (not JSON, or a tensor without its data offsets)"),
     ],
     ids=[
         "cut-short",
