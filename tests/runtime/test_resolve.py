@@ -87,6 +87,9 @@ def safetensors_bytes() -> bytes:
 GOOD = safetensors_bytes()
 
 
+NOT_A_HEADER = "its header is not a safetensors header (not JSON, or a tensor without its data offsets)"
+
+
 @pytest.mark.parametrize(
     ("content", "why"),
     [
@@ -95,8 +98,8 @@ GOOD = safetensors_bytes()
         (GOOD[:20], f"its header wants {len(GOOD) - 24} bytes, the file holds 20"),
         (struct.pack("<Q", 2**40) + bytes(8), f"its header wants {2**40} bytes, over safetensors' limit of 100000000"),
         (b"<html>", "6 bytes, less than a header"),
-        (struct.pack("<Q", 3) + b"[1]", "its header is not a safetensors header (not JSON, or a tensor without its data offsets)"),
-        (struct.pack("<Q", 4) + b"{x}!", "its header is not a safetensors header (not JSON, or a tensor without its data offsets)"),
+        (struct.pack("<Q", 3) + b"[1]", NOT_A_HEADER),
+        (struct.pack("<Q", 4) + b"{x}!", NOT_A_HEADER),
     ],
     ids=[
         "cut-short",
