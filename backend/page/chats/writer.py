@@ -68,6 +68,8 @@ class Writer:
         """Jobs up to this number are done without waiting for the replies in flight."""
         self.done_upto = 0
         """The number of the last job done (or failed)."""
+        self.running = False
+        """A job taken off the queue is being written (the queue alone would look empty meanwhile)."""
         self._wake: asyncio.Event | None = None
         self._quiet: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
@@ -130,9 +132,9 @@ class Writer:
     async def due_done(self, timeout: float = 10.0) -> bool:
         """Wait until the writes due now (asked for ``now``, and those before them) are done; False on timeout."""
         target, deadline = self.due_upto, time.monotonic() + timeout
-        while self.done_upto < target and self.queue and time.monotonic() < deadline:
+        while self.done_upto < target and (self.queue or self.running) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        return self.done_upto >= target or not self.queue
+        return self.done_upto >= target or not (self.queue or self.running)
 
     async def flush(self, timeout: float = 60.0) -> bool:
         """Wait until every write asked for so far is done (or failed); False on timeout."""
@@ -159,12 +161,13 @@ class Writer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(_first(quiet.wait(), wake.wait()), left)
             self.queue.popleft()
+            self.running = True
             try:
                 await job.work()
             except Exception as err:
                 self._failed(job, err)
             finally:
-                self.done_upto = job.number
+                self.done_upto, self.running = job.number, False
 
     def _failed(self, job: Job, err: Exception) -> None:
         self.failures += 1
