@@ -262,5 +262,11 @@ def test_predict_shows_a_plan_files_loads_beside_vllms_defaults(tmp_path: Path) 
     assert "+ Rust frontend" in done.stdout and all(len(re.findall(r"\d\.\d\dx", r)) == 2 for r in rows), (
         "and over vllm serve with the Rust frontend"
     )
+    each = cli(tmp_path, "predict", "--plan-file", str(plan_file), *model_flags, "--at", "128", "--sessions", "request")
+    assert each.returncode == 0, each.stderr
+    assert "each request a conversation of its own" in each.stdout and "each user one conversation" in done.stdout
+    again = [line for line in each.stdout.splitlines() if re.match(r"\s+128\s+[\d,]+ \(", line)]
+    ttft = [re.split(r"\s{2,}", r.strip())[2] for r in (rows[-1], *again)]
+    assert len(ttft) == 2 and ttft[0] != ttft[1], "the router's turns move the first token's wait"
     bad = cli(tmp_path, "predict", *model_flags, "--at", "0,4")
     assert bad.returncode == 2 and "--at '0,4': every load is 1 user or more" in bad.stderr
