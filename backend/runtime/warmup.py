@@ -11,8 +11,9 @@ the planned concurrency, and a full prefill chunk of concurrent medium prompts; 
 replica has answered. Each request must return tokens. The record (first against steady
 first-token latency, per path) also sets the chat page's first-token timeout.
 
-The three prompts go once more alone once everything is compiled, and every timed request is kept
-as a sample (``WarmupSample``): the performance model calibrates this host's costs from them.
+The three prompts go once more alone once everything is compiled, then a short prompt with a longer
+reply, alone on each streamed path and several at once; every timed request is kept as a sample
+(``WarmupSample``): the performance model calibrates this host's costs from them.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ from config.sampling import Sampling
 REPLY_TOKENS = 16
 MAX_ROUNDS = 6
 STEADY_PER_KIND = 2
+LONGER_REPLY_TOKENS = 64
+"""The longer replies: one user's time per token is taken between them and the 16-token ones."""
+LONGER_TOGETHER = 16
+"""Short prompts with the longer reply at once, at most (fewer for fewer users or batch slots): the
+per-sequence cost."""
 
 
 def _median(values: list[float]) -> float:
@@ -68,7 +74,14 @@ async def warm_up(
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
 
         async def one(
-            shape: str, words: int, kind: Kind = KINDS[0], *, together: int = 1, rnd: int = 0, tokens: int = 0
+            shape: str,
+            words: int,
+            kind: Kind = KINDS[0],
+            *,
+            together: int = 1,
+            rnd: int = 0,
+            tokens: int = 0,
+            reply: int = REPLY_TOKENS,
         ) -> ChatResult:
             res = await request(
                 client,
@@ -76,7 +89,7 @@ async def warm_up(
                 model,
                 kind,
                 prompt_of(words),
-                max_tokens=REPLY_TOKENS,
+                max_tokens=reply,
                 sampling=sampling,
                 api_key=api_key,
             )
@@ -135,6 +148,17 @@ async def warm_up(
             await one(f"{shape} {AGAIN}", words, tokens=tokens)
         say("steady state", 0.95)
         steadies = {kind.name: [await one("steady", 12, kind) for _ in range(STEADY_PER_KIND)] for kind in KINDS}
+        say("longer replies, alone and together", 0.97)
+        streamed = [kind for kind in KINDS if kind.stream]
+        for kind in streamed:
+            await one("reply", 12, kind, reply=LONGER_REPLY_TOKENS)
+        crowd = max(1, min(concurrency, plan.max_num_seqs, LONGER_TOGETHER))
+        await asyncio.gather(
+            *(
+                one("decode", 12, streamed[j % len(streamed)], together=crowd, reply=LONGER_REPLY_TOKENS)
+                for j in range(crowd)
+            )
+        )
 
     by_kind = {
         name: KindWarmth(
@@ -179,8 +203,11 @@ SAMPLED_SHAPES = (
     f"long {AGAIN}",
     "concurrent",
     "steady",
+    "reply",
+    "decode",
 )
-"""The shapes kept as samples: each prompt alone (twice), the concurrent rounds, the steady requests."""
+"""The shapes kept as samples: each prompt alone (twice), the concurrent rounds, the steady requests, the
+longer replies alone and together."""
 
 
 def _sample(shape: str, res: ChatResult, together: int, rnd: int, tokens: int) -> WarmupSample:

@@ -1,14 +1,20 @@
 """The host's costs from the warm-up's own requests: the model is fitted to what this machine just did.
 
-The warm-up sends short, medium and long prompts one at a time and rounds of concurrent requests, every
-reply the same length. Each cost is set so that the model gives what was measured, one at a time and in
-an order where each figure depends mostly on one cost: the prompts' first-token times against their
-lengths give the compute rate (the CPU engine's FLOP/s per core, a GPU's share of its peak), the short
-prompt's first token the per-request cost (last, as every other cost moves it), one user's time per
-output token the per-step cost, and the concurrent round's the per-sequence cost. Twice over, since each
-fit moves the others a little. On a plan with vLLM's Rust frontend the warm-up measured the Rust server:
-the model charges it its shares of a Python API server's costs (``RustFrontendShares``), so the per-request
-cost and the latency are fitted through them.
+The warm-up sends short, medium and long prompts one at a time and rounds of concurrent requests, with
+16-token replies, then a short prompt with a longer reply, alone and several at once. Each cost is set so
+that the model gives what was measured, one at a time and in an order where each figure depends mostly on
+one cost: the prompts' first-token times against their lengths give the compute rate (the CPU engine's
+FLOP/s per core, a GPU's share of its peak), the short prompt's first token the per-request cost (last, as
+every other cost moves it), one user's time per output token the per-step cost, and the longer replies'
+several at once the per-sequence cost. Twice over, since each fit moves the others a little.
+
+A reply's time per token is taken between the longer replies and the 16-token ones, not from either
+alone: a stream spends a time of its own at its ends (its last chunk, the usage, the connection's close),
+which a 16-token reply's time per token carries fifteenth by fifteenth (BENCHMARKS.md#prediction).
+
+On a plan with vLLM's Rust frontend the warm-up measured the Rust server: the model charges it its shares
+of a Python API server's costs (``RustFrontendShares``), so the per-request cost and the latency are
+fitted through them.
 """
 
 from __future__ import annotations
@@ -32,13 +38,16 @@ QUICK = 25
 """The percentile of a shape's repeated samples the calibration fits to (see ``_quick``)."""
 BISECTIONS = 24
 SINGLE_SHAPES = ("short", "medium", "long")
+LONGER_SHAPES = ("reply", "decode")
+"""A short prompt with a longer reply: alone, and several at once (the per-sequence cost)."""
 
 
 class WarmupSample(BaseModel):
     """One warm-up request as measured: its shape, its prompt, how many went with it, and its times."""
 
     shape: str
-    """'short', 'medium', 'long' (alone), 'concurrent' (a round), 'steady' (alone, short)."""
+    """'short', 'medium', 'long' (alone), 'concurrent' (a round), 'steady' (alone, short); 'reply' (alone,
+    short, a longer reply), 'decode' (short prompts together, the longer reply)."""
     prompt_tokens: int
     concurrency: int
     """Requests sent together with it (its round), itself included."""
@@ -93,15 +102,18 @@ def calibrate(
     rounds = [s for s in samples if s.shape == "concurrent" and s.tokens > 1]
     if not all(singles.values()):
         raise CalibrationError("the warm-up measured no short, medium and long prompt alone (was it off?)")
-    reply = max(s.tokens for s in samples)
+    reply = statistics.median_low(s.tokens for v in singles.values() for s in v)
     # The host's own pace, not what other processes left of it: the short prompt went often, its lower
-    # quartile; the others went twice, the quicker (the first may have compiled too). A 16-token reply's
-    # time per token is as often cut short (its tokens held back, then sent at once) as drawn out: the median.
+    # quartile; the others went twice, the quicker (the first may have compiled too). A reply's time per
+    # token is as often cut short (its tokens held back, then sent at once) as drawn out: the median.
     ttft = {k: _quick([s.ttft_s for s in v]) for k, v in singles.items()}
     prompt = {k: round(statistics.median(s.prompt_tokens for s in v)) for k, v in singles.items()}
-    tpot = statistics.median(s.tpot_s or 0.0 for s in singles["short"])
+    tpot, ends = _pace(singles["short"], _alone(samples, "reply"))
     last = max((s.round for s in rounds), default=0)
     final = [s for s in rounds if s.round == last]
+    decode = [s for s in samples if s.shape == "decode" and s.tokens > 1]
+    crowd_of = decode if len(decode) > 1 else final
+    crowd_reply = statistics.median_low(s.tokens for s in crowd_of) if crowd_of else reply
     costs = base.model_copy(update={"kind": "calibrated"})
 
     def alone(c: HostCosts, shape: str) -> dict[str, float]:
@@ -113,8 +125,8 @@ def calibrate(
     def one_tpot(c: HostCosts) -> float:
         return alone(c, "short")["tpot_s"]
 
-    together = max((s.concurrency for s in final), default=1)
-    crowd = Load(together, tuple(s.prompt_tokens for s in final) or (1,), reply, requests=together)
+    together = max((s.concurrency for s in crowd_of), default=1)
+    crowd = Load(together, tuple(s.prompt_tokens for s in crowd_of) or (1,), crowd_reply, requests=together)
 
     def crowd_tpot(c: HostCosts) -> float:
         return simulate_load(layout, model, crowd, c)["tpot_mean_s"]
@@ -127,8 +139,9 @@ def calibrate(
                 costs, rate_key, spread, ttft["long"] - ttft["short"], getattr(base, rate_key) / 50, rate_hi
             )
         costs = _fitted(costs, "step_ms", one_tpot, tpot, 0.01, 500.0)
-        if len(final) > 1:
-            want = statistics.median(s.tpot_s or 0.0 for s in final)
+        if len(crowd_of) > 1:
+            want = statistics.median(s.total_s - s.ttft_s for s in crowd_of) - ends
+            want = max(want, 1e-6) / max(crowd_reply - 1, 1)
             costs = _fitted(costs, "seq_us", crowd_tpot, want, base.seq_us / SEQ_RANGE, base.seq_us * SEQ_RANGE)
         costs = _fitted_request(costs, lambda c: alone(c, "short")["ttft_s"], ttft["short"])
     fit = {f"{shape}_ttft_ms": round((alone(costs, shape)["ttft_s"] - ttft[shape]) * 1e3, 2) for shape in ttft}
@@ -142,6 +155,21 @@ def calibrate(
             f"{len(samples)} requests",
         }
     )
+
+
+def _pace(short: Sequence[WarmupSample], longer: Sequence[WarmupSample]) -> tuple[float, float]:
+    """(one user's time per token, what a stream spends at its ends) in seconds: between the longer replies'
+    time after their first token and the short ones' (both medians), where there are longer replies that
+    took longer; else the short replies' time per token, ends 0 (a warm-up without them)."""
+    tokens = statistics.median_low(s.tokens for s in short)
+    span = statistics.median(s.total_s - s.ttft_s for s in short)
+    if longer:
+        more = statistics.median_low(s.tokens for s in longer)
+        gain = statistics.median(s.total_s - s.ttft_s for s in longer) - span
+        if more > tokens and gain > 0:
+            tpot = gain / (more - tokens)
+            return tpot, max(0.0, span - (tokens - 1) * tpot)
+    return statistics.median(s.tpot_s or 0.0 for s in short), 0.0
 
 
 def _fitted_request(costs: HostCosts, measure: Callable[[HostCosts], float], target: float) -> HostCosts:
