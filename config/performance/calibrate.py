@@ -8,9 +8,13 @@ FLOP/s per core, a GPU's share of its peak), the short prompt's first token the 
 every other cost moves it), one user's time per output token the per-step cost, and the longer replies'
 several at once the per-sequence cost. Twice over, since each fit moves the others a little.
 
-A reply's time per token is taken between the longer replies and the 16-token ones, not from either
-alone: a stream spends a time of its own at its ends (its last chunk, the usage, the connection's close),
-which a 16-token reply's time per token carries fifteenth by fifteenth (BENCHMARKS.md#prediction).
+The per-step and per-sequence costs are fitted to how far apart the longer replies' tokens came (the
+median gap between streamed chunks, per token), alone and several at once, against the model's step of
+one and of that many decoding sequences. A reply's time from its first to its last token also holds the
+stream's ends and, with others, their arrivals and prompt reading, which the model charges apart; a
+16-token reply's first tokens came slower too (on the 2-core CPU alone: 16-token replies 2.71 ms a token
+from first to last and 2.48 ms apart, 64-token replies' tokens 2.09 ms apart; BENCHMARKS.md#prediction).
+A warm-up record without the longer replies' gaps is fitted to the 16-token replies, as before.
 
 On a plan with vLLM's Rust frontend the warm-up measured the Rust server: the model charges it its shares
 of a Python API server's costs (``RustFrontendShares``), so the per-request cost and the latency are
@@ -27,7 +31,7 @@ from pydantic import BaseModel
 from config.model import ModelSpec
 from config.performance.costs import HostCosts
 from config.performance.layout import Layout
-from config.performance.prediction import Load, simulate_load
+from config.performance.prediction import Load, decode_step_s, simulate_load
 from config.performance.step import percentile
 
 PASSES = 2
@@ -56,6 +60,9 @@ class WarmupSample(BaseModel):
     ttft_s: float
     total_s: float
     tokens: int
+    gap_s: float | None = None
+    """How far apart its tokens came: the median gap between its streamed chunks, over the tokens in one
+    (``stream_interval``); None where it streamed fewer than three chunks."""
 
     @property
     def tpot_s(self) -> float | None:
@@ -108,12 +115,10 @@ def calibrate(
     # token is as often cut short (its tokens held back, then sent at once) as drawn out: the median.
     ttft = {k: _quick([s.ttft_s for s in v]) for k, v in singles.items()}
     prompt = {k: round(statistics.median(s.prompt_tokens for s in v)) for k, v in singles.items()}
-    tpot, ends = _pace(singles["short"], _alone(samples, "reply"))
+    tpot = statistics.median(s.tpot_s or 0.0 for s in singles["short"])
     last = max((s.round for s in rounds), default=0)
     final = [s for s in rounds if s.round == last]
-    decode = [s for s in samples if s.shape == "decode" and s.tokens > 1]
-    crowd_of = decode if len(decode) > 1 else final
-    crowd_reply = statistics.median_low(s.tokens for s in crowd_of) if crowd_of else reply
+    gaps = {shape: [s for s in samples if s.shape == shape and s.gap_s] for shape in LONGER_SHAPES}
     costs = base.model_copy(update={"kind": "calibrated"})
 
     def alone(c: HostCosts, shape: str) -> dict[str, float]:
@@ -125,8 +130,8 @@ def calibrate(
     def one_tpot(c: HostCosts) -> float:
         return alone(c, "short")["tpot_s"]
 
-    together = max((s.concurrency for s in crowd_of), default=1)
-    crowd = Load(together, tuple(s.prompt_tokens for s in crowd_of) or (1,), crowd_reply, requests=together)
+    together = max((s.concurrency for s in final), default=1)
+    crowd = Load(together, tuple(s.prompt_tokens for s in final) or (1,), reply, requests=together)
 
     def crowd_tpot(c: HostCosts) -> float:
         return simulate_load(layout, model, crowd, c)["tpot_mean_s"]
@@ -138,11 +143,15 @@ def calibrate(
             costs = _fitted(
                 costs, rate_key, spread, ttft["long"] - ttft["short"], getattr(base, rate_key) / 50, rate_hi
             )
-        costs = _fitted(costs, "step_ms", one_tpot, tpot, 0.01, 500.0)
-        if len(crowd_of) > 1:
-            want = statistics.median(s.total_s - s.ttft_s for s in crowd_of) - ends
-            want = max(want, 1e-6) / max(crowd_reply - 1, 1)
-            costs = _fitted(costs, "seq_us", crowd_tpot, want, base.seq_us / SEQ_RANGE, base.seq_us * SEQ_RANGE)
+        if gaps["reply"]:
+            costs = _fitted(costs, "step_ms", _step_of(layout, model, gaps["reply"]), _gap(gaps["reply"]), 0.01, 500.0)
+        else:
+            costs = _fitted(costs, "step_ms", one_tpot, tpot, 0.01, 500.0)
+        low, high = base.seq_us / SEQ_RANGE, base.seq_us * SEQ_RANGE
+        if len(gaps["decode"]) > 1:
+            costs = _fitted(costs, "seq_us", _step_of(layout, model, gaps["decode"]), _gap(gaps["decode"]), low, high)
+        elif len(final) > 1:
+            costs = _fitted(costs, "seq_us", crowd_tpot, statistics.median(s.tpot_s or 0.0 for s in final), low, high)
         costs = _fitted_request(costs, lambda c: alone(c, "short")["ttft_s"], ttft["short"])
     fit = {f"{shape}_ttft_ms": round((alone(costs, shape)["ttft_s"] - ttft[shape]) * 1e3, 2) for shape in ttft}
     fit["tpot_ms"] = round((alone(costs, "short")["tpot_s"] - tpot) * 1e3, 3)
@@ -157,19 +166,24 @@ def calibrate(
     )
 
 
-def _pace(short: Sequence[WarmupSample], longer: Sequence[WarmupSample]) -> tuple[float, float]:
-    """(one user's time per token, what a stream spends at its ends) in seconds: between the longer replies'
-    time after their first token and the short ones' (both medians), where there are longer replies that
-    took longer; else the short replies' time per token, ends 0 (a warm-up without them)."""
-    tokens = statistics.median_low(s.tokens for s in short)
-    span = statistics.median(s.total_s - s.ttft_s for s in short)
-    if longer:
-        more = statistics.median_low(s.tokens for s in longer)
-        gain = statistics.median(s.total_s - s.ttft_s for s in longer) - span
-        if more > tokens and gain > 0:
-            tpot = gain / (more - tokens)
-            return tpot, max(0.0, span - (tokens - 1) * tpot)
-    return statistics.median(s.tpot_s or 0.0 for s in short), 0.0
+def _gap(samples: Sequence[WarmupSample]) -> float:
+    """How far apart the tokens of ``samples`` came: their gaps' median."""
+    return statistics.median(s.gap_s or 0.0 for s in samples)
+
+
+def _step_of(layout: Layout, model: ModelSpec, samples: Sequence[WarmupSample]) -> Callable[[HostCosts], float]:
+    """The model's step of as many decoding sequences as ``samples`` went together, halfway through their
+    replies, on the host as slowed by that load: what their gaps measured."""
+    together = max(s.concurrency for s in samples)
+    prompts = tuple(s.prompt_tokens for s in samples)
+    tokens = statistics.median_low(s.tokens for s in samples)
+    load = Load(together, prompts, tokens, requests=together)
+    context = statistics.mean(prompts) + tokens / 2
+
+    def step(c: HostCosts) -> float:
+        return decode_step_s(layout, model, c, together, context, simulate_load(layout, model, load, c)["host"])
+
+    return step
 
 
 def _fitted_request(costs: HostCosts, measure: Callable[[HostCosts], float], target: float) -> HostCosts:

@@ -382,11 +382,23 @@ def predict(layout: Layout, model: ModelSpec, load: Load, costs: HostCosts, *, b
 
 
 def simulate_load(layout: Layout, model: ModelSpec, load: Load, costs: HostCosts) -> dict[str, float]:
-    """The point prediction's raw means in seconds (what a calibration fits to): TTFT, TPOT p50 and mean."""
+    """The point prediction's raw means in seconds (what a calibration fits to): TTFT, TPOT p50 and mean; and
+    the host's slowing the load settled at."""
     out = _run(layout, model, load, costs)
     n = max(len(out.tpot), 1)
     return {
         "ttft_s": sum(out.ttft) / max(len(out.ttft), 1),
         "tpot_s": percentile(out.tpot, 50),
         "tpot_mean_s": sum(out.tpot) / n,
+        "host": out.host,
     }
+
+
+def decode_step_s(
+    layout: Layout, model: ModelSpec, costs: HostCosts, sequences: int, context: float, host: float = 1.0
+) -> float:
+    """One step of ``sequences`` decoding, ``context`` tokens each, the host's costs slowed by ``host``: how far
+    apart a reply's tokens come while no prompt is read beside them (what a calibration fits to)."""
+    step = StepModel(layout, costs.front_end(layout.rust_frontend), ShapeCosts.of(model, layout.tp, layout.dtype_bytes))
+    step.host = host
+    return step.time(sequences, sequences * context, [], sequences).duration

@@ -141,8 +141,9 @@ def test_a_split_across_nodes_and_replicas_on_nodes_are_predicted() -> None:
 @pytest.mark.parametrize("ends_ms", [0.0, 10.0])
 @pytest.mark.parametrize(("profile", "base"), [("cpu-only", CPU_HOST_DEFAULTS), ("1xH100", GPU_HOST_DEFAULTS)])
 def test_calibration_finds_the_costs_a_warmup_measured(profile: str, base: HostCosts, ends_ms: float) -> None:
-    """Also where every stream spends a time of its own at its ends (10 ms: a 16-token reply's time per token
-    0.67 ms longer): the per-step and per-sequence costs are the host's, taken between longer and shorter replies."""
+    """Also where every stream spends a time of its own at its ends (10 ms: a 16-token reply's time from first
+    to last token 0.67 ms a token longer): the per-step and per-sequence costs are the host's, fitted to how far
+    apart the longer replies' tokens came, alone and together."""
     hw, m = load_profile(profile), model(ERNIE)
     plan = make_plan(hw, m, WorkloadSettings(users=8))
     rate = "cpu_gflops_per_core" if plan.device == "cpu" else "gpu_efficiency"

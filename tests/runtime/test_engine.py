@@ -298,6 +298,7 @@ def test_warmup_record_has_first_against_steady_ttft(engine: Engine) -> None:
     assert all(s["tokens"] == (64 if s["shape"] in longer else 16) and s["ttft_s"] > 0 for s in record["samples"])
     assert {s["concurrency"] for s in record["samples"] if s["shape"] == "concurrent"} == {record["concurrency"]}
     assert {s["concurrency"] for s in record["samples"] if s["shape"] == "decode"} == {shapes.count("decode")}
+    assert all(s["gap_s"] > 0 for s in record["samples"] if s["shape"] in longer), "how far apart their tokens came"
     calibrated = list((engine.run_dir / "calibrated").glob("*--cpu.json"))
     assert len(calibrated) == 1 and json.loads(calibrated[0].read_text())["kind"] == "calibrated"
 

@@ -10,7 +10,7 @@ from config.hardware import Hardware
 from config.model import ModelSpec, read_model
 from config.performance import HostCosts, Load, Prediction, layout_of
 from config.performance.calibrate import WarmupSample
-from config.performance.prediction import simulate_load
+from config.performance.prediction import decode_step_s, simulate_load
 from config.plan import Plan
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -33,14 +33,17 @@ def check(p: Prediction) -> None:
 
 
 def warmup_samples(plan: Plan, hw: Hardware, m: ModelSpec, truth: HostCosts, ends_s: float = 0.0) -> list[WarmupSample]:
-    """What a warm-up would have measured on a host whose costs are ``truth``: the model's own figures, each
-    stream ``ends_s`` longer at its ends (its last chunk, the usage, the close: a time of its own)."""
+    """What a warm-up would have measured on a host whose costs are ``truth``: the model's own figures (the longer
+    replies' tokens as far apart as the model's decoding steps), each stream ``ends_s`` longer at its ends (its
+    last chunk, the usage, the close: a time the model does not charge)."""
     layout = layout_of(plan, hw)
 
     def timed(shape: str, load: Load, rnd: int = 0) -> list[WarmupSample]:
         fig = simulate_load(layout, m, load, truth)
         tokens = load.reply_tokens
         total = fig["ttft_s"] + (tokens - 1) * (fig["tpot_mean_s"] if load.users > 1 else fig["tpot_s"]) + ends_s
+        context = sum(load.prompt_tokens) / len(load.prompt_tokens) + tokens / 2
+        gap = decode_step_s(layout, m, truth, load.users, context, fig["host"]) if tokens > 16 else None
         return [
             WarmupSample(
                 shape=shape,
@@ -50,6 +53,7 @@ def warmup_samples(plan: Plan, hw: Hardware, m: ModelSpec, truth: HostCosts, end
                 ttft_s=fig["ttft_s"],
                 total_s=total,
                 tokens=tokens,
+                gap_s=gap,
             )
             for i in range(load.users)
         ]
