@@ -31,6 +31,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan-file", metavar="FILE", help="a plan (plan --json's output, or a run's plan.json)")
     p.add_argument("--at", default="", help="loads in users, e.g. 1,16,128,256 (default: 1 and --users)")
     p.add_argument("--requests", type=at_least_one, help="requests per load (default max(32, 4 x users))")
+    p.add_argument(
+        "--sessions",
+        choices=("user", "request"),
+        default="user",
+        help="user: each user's requests one conversation, kept on one engine by the router (the page, bench); "
+        "request: every request a conversation of its own, as vllm bench serve sends them (the router takes "
+        "them to the engines in turn)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
 
 
@@ -70,7 +78,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     rust = vllm_defaults(hardware, model, plan.dtype, rust_frontend=True) if hardware.has_gpu else None
     rows: list[tuple[Prediction, Prediction, Prediction | None]] = []
     for users in at:
-        load = Load(users, (w.prompt_tokens,), w.reply_tokens, requests=args.requests)
+        load = Load(users, (w.prompt_tokens,), w.reply_tokens, requests=args.requests, sessions=args.sessions)
         rows.append(
             (
                 predict(ours, model, load, costs),
@@ -95,7 +103,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps(data, indent=2))
         return 0
     print(f"plan: {plan.summary()} on {hardware.name}")
-    print(f"load: {w.prompt_tokens}-token prompts, {w.reply_tokens}-token replies, each user sending the next at once")
+    each = "each request a conversation of its own" if args.sessions == "request" else "each user one conversation"
+    print(
+        f"load: {w.prompt_tokens}-token prompts, {w.reply_tokens}-token replies, each user sending the next at once, "
+        f"{each}"
+    )
     print(f"host costs: {costs.source}" + (f" ({unusable})" if unusable else ""))
     print()
     head = f"{'users':>6}  {'tok/s (band)':>22}  {'TTFT p50 ms':>20}  {'TTFT p99 ms':>20}  {'TPOT ms':>18}  "

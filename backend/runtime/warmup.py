@@ -11,8 +11,9 @@ the planned concurrency, and a full prefill chunk of concurrent medium prompts; 
 replica has answered. Each request must return tokens. The record (first against steady
 first-token latency, per path) also sets the chat page's first-token timeout.
 
-The three prompts go once more alone once everything is compiled, and every timed request is kept
-as a sample (``WarmupSample``): the performance model calibrates this host's costs from them.
+The three prompts go once more alone once everything is compiled, then a short prompt with a longer
+reply on the page's path, alone and several at once; every timed request is kept as a sample
+(``WarmupSample``): the performance model calibrates this host's costs from them.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ from config.sampling import Sampling
 REPLY_TOKENS = 16
 MAX_ROUNDS = 6
 STEADY_PER_KIND = 2
+LONGER_REPLY_TOKENS = 64
+"""The longer replies: how far apart their tokens come, alone and several at once, gives the per-step and
+per-sequence costs (``config.performance.calibrate``)."""
+LONGER_ALONE = 4
+LONGER_TOGETHER = 16
+"""Short prompts with the longer reply at once, at most (fewer for fewer users or batch slots): the
+per-sequence cost."""
 
 
 def _median(values: list[float]) -> float:
@@ -68,7 +76,14 @@ async def warm_up(
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
 
         async def one(
-            shape: str, words: int, kind: Kind = KINDS[0], *, together: int = 1, rnd: int = 0, tokens: int = 0
+            shape: str,
+            words: int,
+            kind: Kind = KINDS[0],
+            *,
+            together: int = 1,
+            rnd: int = 0,
+            tokens: int = 0,
+            reply: int = REPLY_TOKENS,
         ) -> ChatResult:
             res = await request(
                 client,
@@ -76,7 +91,7 @@ async def warm_up(
                 model,
                 kind,
                 prompt_of(words),
-                max_tokens=REPLY_TOKENS,
+                max_tokens=reply,
                 sampling=sampling,
                 api_key=api_key,
             )
@@ -84,7 +99,7 @@ async def warm_up(
             if not res.ok:
                 raise WarmupError(f"warm-up request ({shape}, {kind.name}) failed: {res.error or 'no tokens'}")
             if kind.stream and shape in SAMPLED_SHAPES:
-                samples.append(_sample(shape, res, together, rnd, tokens))
+                samples.append(_sample(shape, res, together, rnd, tokens, plan.stream_interval))
             return res
 
         say("first request", 0.0)
@@ -135,6 +150,12 @@ async def warm_up(
             await one(f"{shape} {AGAIN}", words, tokens=tokens)
         say("steady state", 0.95)
         steadies = {kind.name: [await one("steady", 12, kind) for _ in range(STEADY_PER_KIND)] for kind in KINDS}
+        # on the page's own path (chat, streamed, sampled), as users' replies come
+        say("longer replies, alone and together", 0.97)
+        for _ in range(LONGER_ALONE):
+            await one("reply", 12, reply=LONGER_REPLY_TOKENS)
+        crowd = max(1, min(concurrency, plan.max_num_seqs, LONGER_TOGETHER))
+        await asyncio.gather(*(one("decode", 12, together=crowd, reply=LONGER_REPLY_TOKENS) for _ in range(crowd)))
 
     by_kind = {
         name: KindWarmth(
@@ -179,12 +200,17 @@ SAMPLED_SHAPES = (
     f"long {AGAIN}",
     "concurrent",
     "steady",
+    "reply",
+    "decode",
 )
-"""The shapes kept as samples: each prompt alone (twice), the concurrent rounds, the steady requests."""
+"""The shapes kept as samples: each prompt alone (twice), the concurrent rounds, the steady requests, the
+longer replies alone and together."""
 
 
-def _sample(shape: str, res: ChatResult, together: int, rnd: int, tokens: int) -> WarmupSample:
-    """A timed request as the calibration reads it; its prompt as the engine counted it, where it said."""
+def _sample(shape: str, res: ChatResult, together: int, rnd: int, tokens: int, interval: int) -> WarmupSample:
+    """A timed request as the calibration reads it; its prompt as the engine counted it, where it said; how
+    far apart its tokens came (its chunks of ``interval`` tokens), where it streamed three chunks or more."""
+    gaps = res.itl_s
     return WarmupSample(
         shape=shape.removesuffix(f" {AGAIN}"),
         prompt_tokens=res.prompt_tokens or tokens or 1,
@@ -193,6 +219,7 @@ def _sample(shape: str, res: ChatResult, together: int, rnd: int, tokens: int) -
         ttft_s=round(res.ttft_s or 0.0, 5),
         total_s=round(res.total_s, 5),
         tokens=res.tokens,
+        gap_s=round(statistics.median(gaps) / max(interval, 1), 6) if len(gaps) >= 2 else None,
     )
 
 

@@ -4,7 +4,7 @@
   vLLM's Rust frontend's as shares of a Python API server's.
 - ``layout``: what the model reads of a plan, or of ``vllm serve``'s defaults on the same hardware (its Python
   API server, or on a GPU its Rust frontend).
-- ``step``: one engine step's time, host against device; ``simulate``: one engine core under its users.
+- ``step``: one engine step's time, host against device; ``simulate``: engine cores under their users.
 - ``prediction``: the prediction, its band and its bound; ``calibrate``: the host's costs from a warm-up.
 - ``text``: the prediction as lines for ``plan``, ``status`` and the page.
 """

@@ -1,14 +1,24 @@
 """The host's costs from the warm-up's own requests: the model is fitted to what this machine just did.
 
-The warm-up sends short, medium and long prompts one at a time and rounds of concurrent requests, every
-reply the same length. Each cost is set so that the model gives what was measured, one at a time and in
-an order where each figure depends mostly on one cost: the prompts' first-token times against their
-lengths give the compute rate (the CPU engine's FLOP/s per core, a GPU's share of its peak), the short
-prompt's first token the per-request cost (last, as every other cost moves it), one user's time per
-output token the per-step cost, and the concurrent round's the per-sequence cost. Twice over, since each
-fit moves the others a little. On a plan with vLLM's Rust frontend the warm-up measured the Rust server:
-the model charges it its shares of a Python API server's costs (``RustFrontendShares``), so the per-request
-cost and the latency are fitted through them.
+The warm-up sends short, medium and long prompts one at a time and rounds of concurrent requests, with
+16-token replies, then a short prompt with a longer reply, alone and several at once. Each cost is set so
+that the model gives what was measured, one at a time and in an order where each figure depends mostly on
+one cost: the prompts' first-token times against their lengths give the compute rate (the CPU engine's
+FLOP/s per core, a GPU's share of its peak), the short prompt's first token the per-request cost (last, as
+every other cost moves it), one user's time per output token the per-step cost, and the longer replies'
+several at once the per-sequence cost. Twice over, since each fit moves the others a little.
+
+The per-step and per-sequence costs are fitted to how far apart the longer replies' tokens came (the
+median gap between streamed chunks, per token), alone and several at once, against the model's step of
+one and of that many decoding sequences. A reply's time from its first to its last token also holds the
+stream's ends and, with others, their arrivals and prompt reading, which the model charges apart; a
+16-token reply's first tokens came slower too (on the 2-core CPU alone: 16-token replies 2.71 ms a token
+from first to last and 2.48 ms apart, 64-token replies' tokens 2.09 ms apart; BENCHMARKS.md#prediction).
+A warm-up record without the longer replies' gaps is fitted to the 16-token replies, as before.
+
+On a plan with vLLM's Rust frontend the warm-up measured the Rust server: the model charges it its shares
+of a Python API server's costs (``RustFrontendShares``), so the per-request cost and the latency are
+fitted through them.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ from pydantic import BaseModel
 from config.model import ModelSpec
 from config.performance.costs import HostCosts
 from config.performance.layout import Layout
-from config.performance.prediction import Load, simulate_load
+from config.performance.prediction import Load, decode_step_s, simulate_load
 from config.performance.step import percentile
 
 PASSES = 2
@@ -32,13 +42,16 @@ QUICK = 25
 """The percentile of a shape's repeated samples the calibration fits to (see ``_quick``)."""
 BISECTIONS = 24
 SINGLE_SHAPES = ("short", "medium", "long")
+LONGER_SHAPES = ("reply", "decode")
+"""A short prompt with a longer reply: alone, and several at once (the per-sequence cost)."""
 
 
 class WarmupSample(BaseModel):
     """One warm-up request as measured: its shape, its prompt, how many went with it, and its times."""
 
     shape: str
-    """'short', 'medium', 'long' (alone), 'concurrent' (a round), 'steady' (alone, short)."""
+    """'short', 'medium', 'long' (alone), 'concurrent' (a round), 'steady' (alone, short); 'reply' (alone,
+    short, a longer reply), 'decode' (short prompts together, the longer reply)."""
     prompt_tokens: int
     concurrency: int
     """Requests sent together with it (its round), itself included."""
@@ -47,6 +60,9 @@ class WarmupSample(BaseModel):
     ttft_s: float
     total_s: float
     tokens: int
+    gap_s: float | None = None
+    """How far apart its tokens came: the median gap between its streamed chunks, over the tokens in one
+    (``stream_interval``); None where it streamed fewer than three chunks."""
 
     @property
     def tpot_s(self) -> float | None:
@@ -93,15 +109,16 @@ def calibrate(
     rounds = [s for s in samples if s.shape == "concurrent" and s.tokens > 1]
     if not all(singles.values()):
         raise CalibrationError("the warm-up measured no short, medium and long prompt alone (was it off?)")
-    reply = max(s.tokens for s in samples)
+    reply = statistics.median_low(s.tokens for v in singles.values() for s in v)
     # The host's own pace, not what other processes left of it: the short prompt went often, its lower
-    # quartile; the others went twice, the quicker (the first may have compiled too). A 16-token reply's
-    # time per token is as often cut short (its tokens held back, then sent at once) as drawn out: the median.
+    # quartile; the others went twice, the quicker (the first may have compiled too). A reply's time per
+    # token is as often cut short (its tokens held back, then sent at once) as drawn out: the median.
     ttft = {k: _quick([s.ttft_s for s in v]) for k, v in singles.items()}
     prompt = {k: round(statistics.median(s.prompt_tokens for s in v)) for k, v in singles.items()}
     tpot = statistics.median(s.tpot_s or 0.0 for s in singles["short"])
     last = max((s.round for s in rounds), default=0)
     final = [s for s in rounds if s.round == last]
+    gaps = {shape: [s for s in samples if s.shape == shape and s.gap_s] for shape in LONGER_SHAPES}
     costs = base.model_copy(update={"kind": "calibrated"})
 
     def alone(c: HostCosts, shape: str) -> dict[str, float]:
@@ -126,10 +143,15 @@ def calibrate(
             costs = _fitted(
                 costs, rate_key, spread, ttft["long"] - ttft["short"], getattr(base, rate_key) / 50, rate_hi
             )
-        costs = _fitted(costs, "step_ms", one_tpot, tpot, 0.01, 500.0)
-        if len(final) > 1:
-            want = statistics.median(s.tpot_s or 0.0 for s in final)
-            costs = _fitted(costs, "seq_us", crowd_tpot, want, base.seq_us / SEQ_RANGE, base.seq_us * SEQ_RANGE)
+        if gaps["reply"]:
+            costs = _fitted(costs, "step_ms", _step_of(layout, model, gaps["reply"]), _gap(gaps["reply"]), 0.01, 500.0)
+        else:
+            costs = _fitted(costs, "step_ms", one_tpot, tpot, 0.01, 500.0)
+        low, high = base.seq_us / SEQ_RANGE, base.seq_us * SEQ_RANGE
+        if len(gaps["decode"]) > 1:
+            costs = _fitted(costs, "seq_us", _step_of(layout, model, gaps["decode"]), _gap(gaps["decode"]), low, high)
+        elif len(final) > 1:
+            costs = _fitted(costs, "seq_us", crowd_tpot, statistics.median(s.tpot_s or 0.0 for s in final), low, high)
         costs = _fitted_request(costs, lambda c: alone(c, "short")["ttft_s"], ttft["short"])
     fit = {f"{shape}_ttft_ms": round((alone(costs, shape)["ttft_s"] - ttft[shape]) * 1e3, 2) for shape in ttft}
     fit["tpot_ms"] = round((alone(costs, "short")["tpot_s"] - tpot) * 1e3, 3)
@@ -142,6 +164,26 @@ def calibrate(
             f"{len(samples)} requests",
         }
     )
+
+
+def _gap(samples: Sequence[WarmupSample]) -> float:
+    """How far apart the tokens of ``samples`` came: their gaps' median."""
+    return statistics.median(s.gap_s or 0.0 for s in samples)
+
+
+def _step_of(layout: Layout, model: ModelSpec, samples: Sequence[WarmupSample]) -> Callable[[HostCosts], float]:
+    """The model's step of as many decoding sequences as ``samples`` went together, halfway through their
+    replies, on the host as slowed by that load: what their gaps measured."""
+    together = max(s.concurrency for s in samples)
+    prompts = tuple(s.prompt_tokens for s in samples)
+    tokens = statistics.median_low(s.tokens for s in samples)
+    load = Load(together, prompts, tokens, requests=together)
+    context = statistics.mean(prompts) + tokens / 2
+
+    def step(c: HostCosts) -> float:
+        return decode_step_s(layout, model, c, together, context, simulate_load(layout, model, load, c)["host"])
+
+    return step
 
 
 def _fitted_request(costs: HostCosts, measure: Callable[[HostCosts], float], target: float) -> HostCosts:

@@ -2,10 +2,12 @@
 a point and a band, and what bounds it.
 
 Users are spread over the engine cores as the router (or vLLM's balancer) does; each core is simulated
-(``simulate``) with its users. What the cores share is settled by a few rounds of a fixed point: the host's
-cores (a busy-waiting engine core each, API servers, router and page by their load; more demand than
-cores slows every host cost) and a GPU shared by several engines (the others' device time in its way,
-less under MPS, whose kernels run at once). The band is the same prediction with the host's costs and the
+(``simulate``) with its users, or, where the router takes each request to the engines in turn (each a
+conversation of its own, ``Load.sessions``), the cores are simulated together. What the cores share is
+settled by a few rounds of a fixed point: the host's cores (a busy-waiting engine core each, API servers,
+router and page by their load; more demand than cores slows every host cost) and a GPU shared by several
+engines (the others' device time in its way, less under MPS, whose kernels run at once: at its mean, or
+step by step where the cores are simulated together). The band is the same prediction with the host's costs and the
 device's rates a calibration's error apart (wider before any calibration).
 """
 
@@ -20,10 +22,11 @@ from pydantic import BaseModel, Field
 from config.model import ModelSpec
 from config.performance.costs import HostCosts
 from config.performance.layout import Layout
-from config.performance.simulate import EngineRun, Front, Pool, simulate
+from config.performance.simulate import EngineRun, Front, Pool, SharedGpu, simulate
 from config.performance.step import ShapeCosts, StepModel, percentile
 
 Path = Literal["api", "page"]
+Sessions = Literal["user", "request"]
 ROUNDS = 4
 """Fixed-point rounds for what engines share (host cores, a GPU)."""
 REQUESTS_PER_USER = 4
@@ -31,6 +34,13 @@ MIN_REQUESTS = 32
 """``vllm bench serve``'s count: max(32, 4 x concurrency)."""
 MAX_SIMULATED = 2048
 """Requests simulated per engine core at most: a bigger load sends fewer per user (one at least)."""
+TOGETHER = 4
+"""Engine cores simulated together where the router takes requests to them in turn: more stand for as many
+again each (their users in proportion)."""
+ORDERS = 3
+"""Where the router takes requests in turn, runs with up to that many orders within its rounds, pooled (fewer
+where they would simulate more than ``MAX_SIMULATED`` requests per engine core): which engine a burst's
+requests reach moves each run's figures, as the runs of one level differ."""
 SETTLED = 0.01
 """The fixed point holds once neither slowing moves by more than this share."""
 BAND = {"calibrated": 0.15, "default": 0.35}
@@ -63,6 +73,10 @@ class Load:
     """Requests in all; None: ``vllm bench serve``'s max(32, 4 x users)."""
     path: Path = "api"
     """'api': straight to the engine's API (``bench``'s direct path); 'page': through the chat page."""
+    sessions: Sessions = "user"
+    """'user': a user's requests are one session, which the router keeps on one engine (the page, ``bench``);
+    'request': each request a session of its own (``vllm bench serve`` names every request apart), which
+    the router sends to the engine with the fewest sessions: to the engines in turn."""
 
     def __post_init__(self) -> None:
         if self.users < 1 or self.reply_tokens < 1 or not self.prompt_tokens or min(self.prompt_tokens) < 1:
@@ -157,19 +171,10 @@ def _run(
     costs = costs.front_end(layout.rust_frontend)
     shape = ShapeCosts.of(model, layout.tp, layout.dtype_bytes)
     host, device = settled or (1.0, 1.0)
-    groups = _spread(load.users, layout.engines)
-    per_user = _per_user(load)
-    runs: list[tuple[EngineRun, int]] = []
+    runs: list[tuple[EngineRun, float]] = []
     for _ in range(1 if settled else ROUNDS):
         step = StepModel(layout, costs, shape, host=host, device_share=device)
-        runs = [
-            (
-                simulate(step, _front(step, load, host), users, load.prompt_tokens, load.reply_tokens, each),
-                count,
-            )
-            for users, count in groups
-            for each in [_requests_each(users, per_user)]
-        ]
+        runs = _simulated(step, load, host)
         if settled:
             break
         new_host = _host_demand(layout, costs, load, runs, step)
@@ -177,7 +182,49 @@ def _run(
         if abs(new_host - host) <= SETTLED * host and abs(new_device - device) <= SETTLED * device:
             break
         host, device = (host + new_host) / 2, (device + new_device) / 2
+    if _in_turn(layout, load):  # the GPU's slowing was each step's: its mean, as shown
+        alone = sum(r.device_alone_s for r, _ in runs)
+        device = sum(r.device_s for r, _ in runs) / alone if alone > 0 else 1.0
     return _outcome(runs, layout, host, device)
+
+
+def _simulated(step: StepModel, load: Load, host: float) -> list[tuple[EngineRun, float]]:
+    """Each engine core's run and how many cores it stands for. Requests taken in turn (``Load.sessions``)
+    behind the router: up to ``TOGETHER`` cores together; else each distinct core alone with its users."""
+    layout = step.layout
+    per_user = _per_user(load)
+    if _in_turn(layout, load):
+        gpu = _shared_gpu(layout, step.shape.width_share)
+        cores = min(layout.engines, max(gpu.engines, TOGETHER // gpu.engines * gpu.engines))
+        users = max(1, round(load.users * cores / layout.engines))
+        each = _requests_each(max(1, users // cores), per_user)
+        orders = max(1, min(ORDERS, MAX_SIMULATED * cores // (users * each)))
+        return [
+            (run, layout.engines / cores / orders)
+            for seed in range(orders)
+            for run in simulate(
+                step,
+                [_front(step, load, host) for _ in range(cores)],
+                users,
+                load.prompt_tokens,
+                load.reply_tokens,
+                each,
+                in_turn=True,
+                seed=seed,
+                gpu=gpu,
+            )
+        ]
+    return [
+        (simulate(step, [_front(step, load, host)], users, load.prompt_tokens, load.reply_tokens, each)[0], count)
+        for users, count in _spread(load.users, layout.engines)
+        for each in [_requests_each(users, per_user)]
+    ]
+
+
+def _in_turn(layout: Layout, load: Load) -> bool:
+    """The router takes each request to the engines in turn: they are simulated together, a shared GPU's
+    slowing step by step."""
+    return load.sessions == "request" and layout.routed and layout.engines > 1
 
 
 def _requests_each(users: int, per_user: int) -> int:
@@ -202,7 +249,7 @@ def _front(step: StepModel, load: Load, host: float) -> Front:
 
 
 def _host_demand(
-    layout: Layout, costs: HostCosts, load: Load, runs: list[tuple[EngineRun, int]], step: StepModel
+    layout: Layout, costs: HostCosts, load: Load, runs: list[tuple[EngineRun, float]], step: StepModel
 ) -> float:
     """The host's slowing of every CPU cost: its cores' demand at these runs' rates, over its cores."""
     c = costs
@@ -225,31 +272,37 @@ def _host_demand(
     return max(1.0, load_share) * (1.0 + HOST_LOAD * min(1.0, load_share))
 
 
-def _gpu_share(layout: Layout, load: Load, runs: list[tuple[EngineRun, int]], width_share: float) -> float:
-    """How much the other engines on a GPU slow one engine's device time. Time-sliced, their busy time is in
-    its way whole; under MPS their kernels run beside its own, and a small model's kernels fill only
-    ``width_share`` of the GPU, so only the sum beyond a whole GPU slows it."""
-    if layout.device != "cuda" or layout.engines_per_gpu < 2:
+def _shared_gpu(layout: Layout, width_share: float) -> SharedGpu:
+    """The engines on one GPU: time-sliced, another's busy time is in one's way whole; under MPS their kernels
+    run beside its own, and a small model's kernels fill only ``width_share`` of the GPU."""
+    per_gpu = layout.engines_per_gpu if layout.device == "cuda" else 1
+    return SharedGpu(per_gpu, MPS_WEIGHT if layout.gpu_sharing == "mps" else 1.0, width_share)
+
+
+def _gpu_share(layout: Layout, load: Load, runs: list[tuple[EngineRun, float]], width_share: float) -> float:
+    """How much the other engines on a GPU slow one engine's device time, at the busiest's mean; 1 where the
+    engines were simulated together, each step slowed by what the others ran then."""
+    if layout.device != "cuda" or layout.engines_per_gpu < 2 or _in_turn(layout, load):
         return 1.0
     groups = max(1, layout.engines // layout.engines_per_gpu)
     sharing = min(layout.engines_per_gpu, math.ceil(min(load.users, layout.engines) / groups))
     if sharing < 2:
         return 1.0
     busy = max(r.device_alone_s / r.makespan for r, _ in runs)
-    weight = MPS_WEIGHT if layout.gpu_sharing == "mps" else 1.0
-    return max(1.0 + weight * (sharing - 1) * busy, sharing * busy * width_share)
+    return _shared_gpu(layout, width_share).slowing(busy, (sharing - 1) * busy)
 
 
-def _outcome(runs: list[tuple[EngineRun, int]], layout: Layout, host: float, device: float) -> _Outcome:
+def _outcome(runs: list[tuple[EngineRun, float]], layout: Layout, host: float, device: float) -> _Outcome:
     ttft: list[float] = []
     tpot: list[float] = []
     queue: list[float] = []
     causes: dict[str, float] = {}
     tokens_s = 0.0
     for run, count in runs:
-        ttft += run.ttft * count
-        tpot += run.tpot * count
-        queue += run.queue * count
+        copies = max(1, round(count))
+        ttft += run.ttft * copies
+        tpot += run.tpot * copies
+        queue += run.queue * copies
         tokens_s += count * run.tokens / run.makespan
         for k, v in run.causes.items():
             causes[k] = causes.get(k, 0.0) + v * count
@@ -329,11 +382,23 @@ def predict(layout: Layout, model: ModelSpec, load: Load, costs: HostCosts, *, b
 
 
 def simulate_load(layout: Layout, model: ModelSpec, load: Load, costs: HostCosts) -> dict[str, float]:
-    """The point prediction's raw means in seconds (what a calibration fits to): TTFT, TPOT p50 and mean."""
+    """The point prediction's raw means in seconds (what a calibration fits to): TTFT, TPOT p50 and mean; and
+    the host's slowing the load settled at."""
     out = _run(layout, model, load, costs)
     n = max(len(out.tpot), 1)
     return {
         "ttft_s": sum(out.ttft) / max(len(out.ttft), 1),
         "tpot_s": percentile(out.tpot, 50),
         "tpot_mean_s": sum(out.tpot) / n,
+        "host": out.host,
     }
+
+
+def decode_step_s(
+    layout: Layout, model: ModelSpec, costs: HostCosts, sequences: int, context: float, host: float = 1.0
+) -> float:
+    """One step of ``sequences`` decoding, ``context`` tokens each, the host's costs slowed by ``host``: how far
+    apart a reply's tokens come while no prompt is read beside them (what a calibration fits to)."""
+    step = StepModel(layout, costs.front_end(layout.rust_frontend), ShapeCosts.of(model, layout.tp, layout.dtype_bytes))
+    step.host = host
+    return step.time(sequences, sequences * context, [], sequences).duration

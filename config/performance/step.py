@@ -149,9 +149,12 @@ class StepModel:
             return PIECEWISE if fits else 1.0
         return 1.0
 
-    def time(self, decode: int, context: float, prefill: list[tuple[int, int]], sampled: int) -> Step:
+    def time(
+        self, decode: int, context: float, prefill: list[tuple[int, int]], sampled: int, share: float | None = None
+    ) -> Step:
         """A step of ``decode`` running sequences holding ``context`` tokens together, and prompt chunks
-        ``(tokens, tokens before it)``, sampling ``sampled`` tokens."""
+        ``(tokens, tokens before it)``, sampling ``sampled`` tokens; ``share``: a shared GPU's slowing of this
+        step alone (default ``device_share``, its mean)."""
         lay, c, s = self.layout, self.costs, self.shape
         prompt = sum(n for n, _ in prefill)
         tokens = decode + prompt
@@ -169,7 +172,8 @@ class StepModel:
             hop = STAGE_HOP_S["node" if lay.split_nodes else "gpu"]
             comm += (lay.pp - 1) * (hop + tokens * s.hidden_bytes / LINK_BYTES_S["pcie"])
         if lay.device == "cuda":
-            memory, compute = memory * self.device_share, compute * self.device_share
+            slowing = self.device_share if share is None else share
+            memory, compute = memory * slowing, compute * slowing
         h = self.host
         fixed = c.step_ms * 1e-3 * lay.pp + c.launch_layer_us * 1e-6 * s.layers * self.graphed_share(
             tokens, bool(prefill)

@@ -138,17 +138,20 @@ def test_a_split_across_nodes_and_replicas_on_nodes_are_predicted() -> None:
 
 
 # -- calibration ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("ends_ms", [0.0, 10.0])
 @pytest.mark.parametrize(("profile", "base"), [("cpu-only", CPU_HOST_DEFAULTS), ("1xH100", GPU_HOST_DEFAULTS)])
-def test_calibration_finds_the_costs_a_warmup_measured(profile: str, base: HostCosts) -> None:
+def test_calibration_finds_the_costs_a_warmup_measured(profile: str, base: HostCosts, ends_ms: float) -> None:
+    """Also where every stream spends a time of its own at its ends (10 ms: a 16-token reply's time from first
+    to last token 0.67 ms a token longer): the per-step and per-sequence costs are the host's, fitted to how far
+    apart the longer replies' tokens came, alone and together."""
     hw, m = load_profile(profile), model(ERNIE)
     plan = make_plan(hw, m, WorkloadSettings(users=8))
     rate = "cpu_gflops_per_core" if plan.device == "cpu" else "gpu_efficiency"
     truth = base.model_copy(
         update={"step_ms": base.step_ms * 1.7, "seq_us": base.seq_us * 0.5, rate: getattr(base, rate) * 0.6}
     )
-    fitted = calibrate(
-        layout_of(plan, hw), m, warmup_samples(plan, hw, m, truth), base, measured_on=hw.name, measured_at="2026-12-07"
-    )
+    samples = warmup_samples(plan, hw, m, truth, ends_s=ends_ms * 1e-3)
+    fitted = calibrate(layout_of(plan, hw), m, samples, base, measured_on=hw.name, measured_at="2026-12-07")
     assert (
         fitted.kind == "calibrated" and fitted.measured_on == hw.name and "calibrated on this machine" in fitted.source
     )
@@ -156,6 +159,13 @@ def test_calibration_finds_the_costs_a_warmup_measured(profile: str, base: HostC
     assert fitted.seq_us == pytest.approx(truth.seq_us, rel=0.15)
     assert getattr(fitted, rate) == pytest.approx(getattr(truth, rate), rel=0.1)
     assert all(abs(v) < 1.0 for v in fitted.fit.values()), fitted.fit
+    # a warm-up of before the longer replies: the 16-token replies' own time per token, the concurrent round's
+    older = [s for s in samples if s.shape not in ("reply", "decode")]
+    again = calibrate(layout_of(plan, hw), m, older, base, measured_on=hw.name, measured_at="2026-12-07")
+    if ends_ms:
+        assert again.step_ms > truth.step_ms * 1.1, "their ends drawn into the time per token"
+    else:
+        assert again.step_ms == pytest.approx(truth.step_ms, rel=0.05)
 
 
 def test_a_warmup_without_its_prompts_alone_is_not_calibrated() -> None:
@@ -262,5 +272,11 @@ def test_predict_shows_a_plan_files_loads_beside_vllms_defaults(tmp_path: Path) 
     assert "+ Rust frontend" in done.stdout and all(len(re.findall(r"\d\.\d\dx", r)) == 2 for r in rows), (
         "and over vllm serve with the Rust frontend"
     )
+    each = cli(tmp_path, "predict", "--plan-file", str(plan_file), *model_flags, "--at", "128", "--sessions", "request")
+    assert each.returncode == 0, each.stderr
+    assert "each request a conversation of its own" in each.stdout and "each user one conversation" in done.stdout
+    again = [line for line in each.stdout.splitlines() if re.match(r"\s+128\s+[\d,]+ \(", line)]
+    ttft = [re.split(r"\s{2,}", r.strip())[2] for r in (rows[-1], *again)]
+    assert len(ttft) == 2 and ttft[0] != ttft[1], "the router's turns move the first token's wait"
     bad = cli(tmp_path, "predict", *model_flags, "--at", "0,4")
     assert bad.returncode == 2 and "--at '0,4': every load is 1 user or more" in bad.stderr

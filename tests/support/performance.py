@@ -10,7 +10,7 @@ from config.hardware import Hardware
 from config.model import ModelSpec, read_model
 from config.performance import HostCosts, Load, Prediction, layout_of
 from config.performance.calibrate import WarmupSample
-from config.performance.prediction import simulate_load
+from config.performance.prediction import decode_step_s, simulate_load
 from config.plan import Plan
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -32,32 +32,36 @@ def check(p: Prediction) -> None:
     assert p.bound_text and p.costs
 
 
-def warmup_samples(plan: Plan, hw: Hardware, m: ModelSpec, truth: HostCosts) -> list[WarmupSample]:
-    """What a warm-up would have measured on a host whose costs are ``truth``: the model's own figures."""
+def warmup_samples(plan: Plan, hw: Hardware, m: ModelSpec, truth: HostCosts, ends_s: float = 0.0) -> list[WarmupSample]:
+    """What a warm-up would have measured on a host whose costs are ``truth``: the model's own figures (the longer
+    replies' tokens as far apart as the model's decoding steps), each stream ``ends_s`` longer at its ends (its
+    last chunk, the usage, the close: a time the model does not charge)."""
     layout = layout_of(plan, hw)
-    out = []
-    for shape, prompt in (("short", 60), ("medium", 510), ("long", 1020), ("steady", 60)):
-        fig = simulate_load(layout, m, Load(1, (prompt,), 16, requests=1), truth)
-        total = fig["ttft_s"] + 15 * fig["tpot_s"]
-        out.append(
+
+    def timed(shape: str, load: Load, rnd: int = 0) -> list[WarmupSample]:
+        fig = simulate_load(layout, m, load, truth)
+        tokens = load.reply_tokens
+        total = fig["ttft_s"] + (tokens - 1) * (fig["tpot_mean_s"] if load.users > 1 else fig["tpot_s"]) + ends_s
+        context = sum(load.prompt_tokens) / len(load.prompt_tokens) + tokens / 2
+        gap = decode_step_s(layout, m, truth, load.users, context, fig["host"]) if tokens > 16 else None
+        return [
             WarmupSample(
-                shape=shape, prompt_tokens=prompt, concurrency=1, ttft_s=fig["ttft_s"], total_s=total, tokens=16
-            )
-        )
-    crowd = Load(8, (47, 227, 381), 16, requests=8)
-    fig = simulate_load(layout, m, crowd, truth)
-    for i in range(8):
-        prompt = crowd.prompt_tokens[i % 3]
-        total = fig["ttft_s"] + 15 * fig["tpot_mean_s"]
-        out.append(
-            WarmupSample(
-                shape="concurrent",
-                prompt_tokens=prompt,
-                concurrency=8,
-                round=2,
+                shape=shape,
+                prompt_tokens=load.prompt_tokens[i % len(load.prompt_tokens)],
+                concurrency=load.users,
+                round=rnd,
                 ttft_s=fig["ttft_s"],
                 total_s=total,
-                tokens=16,
+                tokens=tokens,
+                gap_s=gap,
             )
-        )
+            for i in range(load.users)
+        ]
+
+    out = []
+    for shape, prompt in (("short", 60), ("medium", 510), ("long", 1020), ("steady", 60)):
+        out += timed(shape, Load(1, (prompt,), 16, requests=1))
+    out += timed("concurrent", Load(8, (47, 227, 381), 16, requests=8), rnd=2)
+    out += timed("reply", Load(1, (60,), 64, requests=1))
+    out += timed("decode", Load(8, (60,), 64, requests=8))
     return out
