@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 from support.app_client import ChatClient, footer_of
+from support.held import long_reply_held
+from support.services import Engine
 from support.waiting import until_async
 
 from backend.engine_api import ChatResult
@@ -108,10 +110,10 @@ def test_every_footer_splits_the_first_token_and_latency_shows_percentiles_and_a
     asyncio.run(run())
 
 
-def test_a_new_chat_is_in_the_database_while_its_reply_is_on_its_way(chainlit_app: ChatPage) -> None:
+def test_a_new_chat_is_in_the_database_while_its_reply_is_on_its_way(chainlit_app: ChatPage, engine: Engine) -> None:
     """The user's message and the chat's name are written when the page takes the message, not after the
     reply (a page process that dies mid-reply lost both, and the chat left the history); the empty reply is
-    still shown before the first token."""
+    still shown before the first token. The reply is held on its way (the engine stopped), not hoped long."""
     first = f"Name this chat {uuid.uuid4().hex[:8]}"
 
     async def listed() -> bool:
@@ -124,13 +126,13 @@ def test_a_new_chat_is_in_the_database_while_its_reply_is_on_its_way(chainlit_ap
 
     async def run() -> None:
         async with ChatClient(chainlit_app.url) as tab:
-            await tab.set_settings(max_tokens=4000)  # long enough to be on its way while the list is read
-            mid = await tab.send(first)
-            reply = await tab.wait_for(lambda: (r := tab.reply_to(mid)) is not None and r.get("output") and r, 120)
-            assert await until_async("the chat listed while its reply is on its way", listed, bool, timeout=60)
-            assert mid not in tab.finished, "the 4000-token reply ended before the chat was listed"
-            assert tab.history_of(reply["id"])[0] == "", "the first token came before the empty reply"
-            await tab.stop()  # the rest of the reply is not needed
+            async with long_reply_held(tab, engine, ask=lambda: tab.send(first)) as (mid, _):
+                reply = tab.reply_to(mid)
+                assert reply is not None
+                assert await until_async("the chat listed while its reply is on its way", listed, bool, timeout=60)
+                assert mid not in tab.finished, "the reply ended while the engine was held"
+                assert tab.history_of(reply["id"])[0] == "", "the first token came before the empty reply"
+                await tab.stop()  # the rest of the reply is not needed
             await tab.wait_for(lambda: mid in tab.finished, 300)
 
     asyncio.run(run())
