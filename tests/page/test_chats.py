@@ -574,18 +574,22 @@ def test_a_page_killed_mid_reply_keeps_the_message_and_the_reply_so_far_and_offe
             async with ChatClient(page.url) as tab:
                 if chat == "existing":
                     footer_of(await tab.ask(first))
-                async with long_reply_held(tab, engine, tokens=1000) as (mid, _):
+                async with long_reply_held(tab, engine) as (mid, _):
                     reply = tab.reply_to(mid)
                     assert reply is not None
-                    shown = reply["output"]  # the engine is held: no more text comes
+
+                    def shown() -> str:  # the engine is held: the tab has or gets all text there is
+                        return (tab.reply_to(mid) or {})["output"]
+
                     await until_async(
-                        "the reply's text so far saved",
+                        "the reply's text as the tab shows it saved",
                         lambda: _stored_reply(page, first, reply["id"]),
-                        lambda step: step is not None and step["output"].startswith(f"{shown}\n\n⚠️"),
+                        lambda step: step is not None and step["output"].startswith(f"{shown()}\n\n⚠️"),
                     )
+                    text = shown()
                     for pid in page_processes(page):
                         os.kill(pid, signal.SIGKILL)
-            return mid, reply["id"], shown
+            return mid, reply["id"], text
 
         mid, reply_id, shown = asyncio.run(killed())
         page = _restart(page)
