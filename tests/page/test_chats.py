@@ -16,7 +16,8 @@ import os
 import signal
 import sqlite3
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -141,15 +142,24 @@ def test_the_schema_is_made_once_and_an_old_one_is_upgraded_keeping_its_chats(db
     assert asyncio.run(read())["name"] == "kept"
 
 
+@asynccontextmanager
+async def _store_of(db_url: str) -> AsyncIterator[ChatStore]:
+    """A store on ``db_url`` in an HTTP request's context (Chainlit's data layer reads one), closed after."""
+    init_http_context()
+    store = ChatStore(db_url)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
 def test_tags_and_json_come_back_as_written_and_writes_check_the_owner(db_url: str) -> None:
     """Chainlit's pitfalls: tags bound as a list (SQLite refused them), JSON read back as text; and
     a write into another user's chat, or feedback on another user's message, is refused."""
     run_now(ensure_schema(db_url))
 
     async def run() -> None:
-        init_http_context()
-        store = ChatStore(db_url)
-        try:
+        async with _store_of(db_url) as store:
             ann = await store.create_user(User(identifier="ann"))
             bob = await store.create_user(User(identifier="bob"))
             assert ann and bob
@@ -175,8 +185,6 @@ def test_tags_and_json_come_back_as_written_and_writes_check_the_owner(db_url: s
             assert saved["feedback"] is not None and saved["feedback"]["value"] == 1
             assert store.writer.failures == 2, store.writer.last_error
             assert await store.get_thread_author(str(uuid.uuid4())) == "", "a missing chat: 404, not 500"
-        finally:
-            await store.close()
 
     asyncio.run(run())
 
@@ -188,9 +196,7 @@ def test_a_users_message_and_its_chat_are_written_at_once_while_a_reply_is_in_fl
     run_now(ensure_schema(db_url))
 
     async def run() -> None:
-        init_http_context()
-        store = ChatStore(db_url)
-        try:
+        async with _store_of(db_url) as store:
             ann = await store.create_user(User(identifier="ann"))
             assert ann
             tid, notice, question = (str(uuid.uuid4()) for _ in range(3))
@@ -203,8 +209,6 @@ def test_a_users_message_and_its_chat_are_written_at_once_while_a_reply_is_in_fl
                 thread = await store.get_thread(tid)
                 assert thread is not None and thread["name"] == "first words" and thread["userIdentifier"] == "ann"
                 assert [s["output"] for s in thread["steps"]] == ["a notice", "first words"]
-        finally:
-            await store.close()
 
     asyncio.run(run())
 
