@@ -187,7 +187,7 @@ async def long_reply_held(
         while not streaming():
             made = (await engine_counts(engine.base_url))["generated"] - before["generated"]
             assert made < tokens // 2, f"the tab shows fewer than 5 tokens of a reply the engine made {made:.0f} of"
-            seconds = STEP_S if made > made_before else min(2 * seconds, LONGEST_STEP_S)
+            seconds = STEP_S if steps == 0 or made > made_before else min(2 * seconds, LONGEST_STEP_S)
             made_before = made
             hold.step(seconds)  # blocks the loop meanwhile: nothing it runs is needed
             steps += 1
