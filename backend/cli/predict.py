@@ -39,6 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "request: every request a conversation of its own, as vllm bench serve sends them (the router takes "
         "them to the engines in turn)",
     )
+    p.add_argument(
+        "--greedy",
+        action="store_true",
+        help="the requests' tokens chosen greedily (temperature 0, as bench sends them); default: drawn at random, "
+        "as the page draws and as vllm bench serve gets them from a checkpoint whose generation config samples",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object instead of a table")
 
 
@@ -78,7 +84,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     rust = vllm_defaults(hardware, model, plan.dtype, rust_frontend=True) if hardware.has_gpu else None
     rows: list[tuple[Prediction, Prediction, Prediction | None]] = []
     for users in at:
-        load = Load(users, (w.prompt_tokens,), w.reply_tokens, requests=args.requests, sessions=args.sessions)
+        load = Load(
+            users,
+            (w.prompt_tokens,),
+            w.reply_tokens,
+            requests=args.requests,
+            sessions=args.sessions,
+            sampled=not args.greedy,
+        )
         rows.append(
             (
                 predict(ours, model, load, costs),
@@ -104,9 +117,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     print(f"plan: {plan.summary()} on {hardware.name}")
     each = "each request a conversation of its own" if args.sessions == "request" else "each user one conversation"
+    drawn = "tokens chosen greedily" if args.greedy else "tokens drawn at random"
     print(
         f"load: {w.prompt_tokens}-token prompts, {w.reply_tokens}-token replies, each user sending the next at once, "
-        f"{each}"
+        f"{each}, {drawn}"
     )
     print(f"host costs: {costs.source}" + (f" ({unusable})" if unusable else ""))
     print()

@@ -22,6 +22,7 @@ import asyncio
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import httpx
 
@@ -39,7 +40,8 @@ STEADY_PER_KIND = 2
 LONGER_REPLY_TOKENS = 64
 """The longer replies: how far apart their tokens come, alone and several at once, gives the per-step and
 per-sequence costs (``config.performance.calibrate``)."""
-LONGER_ALONE = 4
+LONGER_ALONE = 3
+"""Longer replies alone, each greedy and drawn."""
 LONGER_TOGETHER = 16
 """Short prompts with the longer reply at once, at most (fewer for fewer users or batch slots): the
 per-sequence cost."""
@@ -99,7 +101,8 @@ async def warm_up(
             if not res.ok:
                 raise WarmupError(f"warm-up request ({shape}, {kind.name}) failed: {res.error or 'no tokens'}")
             if kind.stream and shape in SAMPLED_SHAPES:
-                samples.append(_sample(shape, res, together, rnd, tokens, plan.stream_interval))
+                drawn = kind.sampled and sampling.temperature > 0
+                samples.append(_sample(shape, res, together, rnd, tokens, plan.stream_interval, drawn))
             return res
 
         say("first request", 0.0)
@@ -151,11 +154,17 @@ async def warm_up(
         say("steady state", 0.95)
         steadies = {kind.name: [await one("steady", 12, kind) for _ in range(STEADY_PER_KIND)] for kind in KINDS}
         # on the page's own path (chat, streamed, sampled), as users' replies come
+        # greedy and drawn as the page draws: the draw's own cost apart
         say("longer replies, alone and together", 0.97)
-        for _ in range(LONGER_ALONE):
-            await one("reply", 12, reply=LONGER_REPLY_TOKENS)
+        page_kind = KINDS[0]
+        greedy = replace(page_kind, sampled=False)
+        for i in range(2 * LONGER_ALONE):
+            await one("reply", 12, (greedy, page_kind)[i % 2], reply=LONGER_REPLY_TOKENS)
         crowd = max(1, min(concurrency, plan.max_num_seqs, LONGER_TOGETHER))
-        await asyncio.gather(*(one("decode", 12, together=crowd, reply=LONGER_REPLY_TOKENS) for _ in range(crowd)))
+        for kind in (greedy, page_kind):
+            await asyncio.gather(
+                *(one("decode", 12, kind, together=crowd, reply=LONGER_REPLY_TOKENS) for _ in range(crowd))
+            )
 
     by_kind = {
         name: KindWarmth(
@@ -207,9 +216,12 @@ SAMPLED_SHAPES = (
 longer replies alone and together."""
 
 
-def _sample(shape: str, res: ChatResult, together: int, rnd: int, tokens: int, interval: int) -> WarmupSample:
+def _sample(
+    shape: str, res: ChatResult, together: int, rnd: int, tokens: int, interval: int, drawn: bool
+) -> WarmupSample:
     """A timed request as the calibration reads it; its prompt as the engine counted it, where it said; how
-    far apart its tokens came (its chunks of ``interval`` tokens), where it streamed three chunks or more."""
+    far apart its tokens came (its chunks of ``interval`` tokens), where it streamed three chunks or more;
+    ``drawn``: its tokens drawn at random."""
     gaps = res.itl_s
     return WarmupSample(
         shape=shape.removesuffix(f" {AGAIN}"),
@@ -220,6 +232,7 @@ def _sample(shape: str, res: ChatResult, together: int, rnd: int, tokens: int, i
         total_s=round(res.total_s, 5),
         tokens=res.tokens,
         gap_s=round(statistics.median(gaps) / max(interval, 1), 6) if len(gaps) >= 2 else None,
+        sampled=drawn,
     )
 
 

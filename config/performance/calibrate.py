@@ -16,6 +16,13 @@ stream's ends and, with others, their arrivals and prompt reading, which the mod
 from first to last and 2.48 ms apart, 64-token replies' tokens 2.09 ms apart; BENCHMARKS.md#prediction).
 A warm-up record without the longer replies' gaps is fitted to the 16-token replies, as before.
 
+The longer replies go greedy and drawn as the page draws (its temperature and top-p): the per-step and
+per-sequence costs are fitted to the greedy ones, and the draw's own cost per sequence (``sample_us``) to the
+drawn replies together against that. On the 2-core CPU the draw cost about 0.4 ms a sequence a step, a fifth of
+one user's step: a calibration that took the drawn replies for greedy ones charged it to every request, and
+predicted ``bench``'s greedy requests 12-20 % slow (BENCHMARKS.md#prediction). A record without greedy replies
+(an older warm-up) is fitted as before, the draw inside the per-step and per-sequence costs.
+
 On a plan with vLLM's Rust frontend the warm-up measured the Rust server: the model charges it its shares
 of a Python API server's costs (``RustFrontendShares``), so the per-request cost and the latency are
 fitted through them.
@@ -38,6 +45,10 @@ PASSES = 2
 SEQ_RANGE = 4.0
 """The per-sequence cost is fitted within this factor of the default: a round of 16-token replies is mostly
 its prompts' reading, so it says little more about it."""
+SAMPLE_RANGE = 10.0
+SAMPLE_FLOOR_US = 0.01
+"""The draw's cost per sequence is fitted between about nothing (a page that draws greedily) and this factor
+over the default's (or, where the default is 0, over the per-sequence cost)."""
 QUICK = 25
 """The percentile of a shape's repeated samples the calibration fits to (see ``_quick``)."""
 BISECTIONS = 24
@@ -63,6 +74,8 @@ class WarmupSample(BaseModel):
     gap_s: float | None = None
     """How far apart its tokens came: the median gap between its streamed chunks, over the tokens in one
     (``stream_interval``); None where it streamed fewer than three chunks."""
+    sampled: bool = True
+    """Its tokens drawn at random (the page's temperature and top-p), not greedily."""
 
     @property
     def tpot_s(self) -> float | None:
@@ -118,11 +131,17 @@ def calibrate(
     tpot = statistics.median(s.tpot_s or 0.0 for s in singles["short"])
     last = max((s.round for s in rounds), default=0)
     final = [s for s in rounds if s.round == last]
-    gaps = {shape: [s for s in samples if s.shape == shape and s.gap_s] for shape in LONGER_SHAPES}
+    timed = [s for s in samples if s.shape in LONGER_SHAPES and s.gap_s]
+    greedy = {shape: [s for s in timed if s.shape == shape and not s.sampled] for shape in LONGER_SHAPES}
+    drawn = {shape: [s for s in timed if s.shape == shape and s.sampled] for shape in LONGER_SHAPES}
     costs = base.model_copy(update={"kind": "calibrated"})
+    if not greedy["reply"]:  # an older record: the draw is in the per-step and per-sequence costs
+        greedy, drawn = drawn, {shape: [] for shape in LONGER_SHAPES}
+        costs = costs.model_copy(update={"sample_us": 0.0})
+    page_draws = all(s.sampled for s in _alone(samples, "short"))
 
     def alone(c: HostCosts, shape: str) -> dict[str, float]:
-        return simulate_load(layout, model, Load(1, (prompt[shape],), reply, requests=1), c)
+        return simulate_load(layout, model, Load(1, (prompt[shape],), reply, requests=1, sampled=page_draws), c)
 
     def spread(c: HostCosts) -> float:
         return alone(c, "long")["ttft_s"] - alone(c, "short")["ttft_s"]
@@ -131,7 +150,7 @@ def calibrate(
         return alone(c, "short")["tpot_s"]
 
     together = max((s.concurrency for s in final), default=1)
-    crowd = Load(together, tuple(s.prompt_tokens for s in final) or (1,), reply, requests=together)
+    crowd = Load(together, tuple(s.prompt_tokens for s in final) or (1,), reply, requests=together, sampled=page_draws)
 
     def crowd_tpot(c: HostCosts) -> float:
         return simulate_load(layout, model, crowd, c)["tpot_mean_s"]
@@ -143,15 +162,21 @@ def calibrate(
             costs = _fitted(
                 costs, rate_key, spread, ttft["long"] - ttft["short"], getattr(base, rate_key) / 50, rate_hi
             )
-        if gaps["reply"]:
-            costs = _fitted(costs, "step_ms", _step_of(layout, model, gaps["reply"]), _gap(gaps["reply"]), 0.01, 500.0)
+        if greedy["reply"]:
+            step = _step_of(layout, model, greedy["reply"])
+            costs = _fitted(costs, "step_ms", step, _gap(greedy["reply"]), 0.01, 500.0)
         else:
             costs = _fitted(costs, "step_ms", one_tpot, tpot, 0.01, 500.0)
         low, high = base.seq_us / SEQ_RANGE, base.seq_us * SEQ_RANGE
-        if len(gaps["decode"]) > 1:
-            costs = _fitted(costs, "seq_us", _step_of(layout, model, gaps["decode"]), _gap(gaps["decode"]), low, high)
+        if len(greedy["decode"]) > 1:
+            step = _step_of(layout, model, greedy["decode"])
+            costs = _fitted(costs, "seq_us", step, _gap(greedy["decode"]), low, high)
         elif len(final) > 1:
             costs = _fitted(costs, "seq_us", crowd_tpot, statistics.median(s.tpot_s or 0.0 for s in final), low, high)
+        draw = drawn["decode"] if len(drawn["decode"]) > 1 else drawn["reply"]
+        if draw:
+            top = max(base.sample_us, base.seq_us) * SAMPLE_RANGE
+            costs = _fitted(costs, "sample_us", _step_of(layout, model, draw), _gap(draw), SAMPLE_FLOOR_US, top)
         costs = _fitted_request(costs, lambda c: alone(c, "short")["ttft_s"], ttft["short"])
     fit = {f"{shape}_ttft_ms": round((alone(costs, shape)["ttft_s"] - ttft[shape]) * 1e3, 2) for shape in ttft}
     fit["tpot_ms"] = round((alone(costs, "short")["tpot_s"] - tpot) * 1e3, 3)
@@ -173,15 +198,17 @@ def _gap(samples: Sequence[WarmupSample]) -> float:
 
 def _step_of(layout: Layout, model: ModelSpec, samples: Sequence[WarmupSample]) -> Callable[[HostCosts], float]:
     """The model's step of as many decoding sequences as ``samples`` went together, halfway through their
-    replies, on the host as slowed by that load: what their gaps measured."""
+    replies, drawn as they were, on the host as slowed by that load: what their gaps measured."""
     together = max(s.concurrency for s in samples)
     prompts = tuple(s.prompt_tokens for s in samples)
     tokens = statistics.median_low(s.tokens for s in samples)
-    load = Load(together, prompts, tokens, requests=together)
+    sampled = samples[0].sampled
+    load = Load(together, prompts, tokens, requests=together, sampled=sampled)
     context = statistics.mean(prompts) + tokens / 2
 
     def step(c: HostCosts) -> float:
-        return decode_step_s(layout, model, c, together, context, simulate_load(layout, model, load, c)["host"])
+        host = simulate_load(layout, model, load, c)["host"]
+        return decode_step_s(layout, model, c, together, context, host, sampled=sampled)
 
     return step
 

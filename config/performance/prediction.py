@@ -77,6 +77,9 @@ class Load:
     """'user': a user's requests are one session, which the router keeps on one engine (the page, ``bench``);
     'request': each request a session of its own (``vllm bench serve`` names every request apart), which
     the router sends to the engine with the fewest sessions: to the engines in turn."""
+    sampled: bool = True
+    """Tokens drawn at random (the page's temperature and top-p; ``vllm bench serve`` against a checkpoint whose
+    generation config samples), not greedily (``bench``'s requests): ``HostCosts.sample_us`` per sequence."""
 
     def __post_init__(self) -> None:
         if self.users < 1 or self.reply_tokens < 1 or not self.prompt_tokens or min(self.prompt_tokens) < 1:
@@ -168,7 +171,7 @@ def _run(
 ) -> _Outcome:
     """Each distinct engine core simulated with its users; ``settled``: the host's and the GPU's slowing as
     a run with other costs settled them (one round then), else found here (a few rounds, until they hold)."""
-    costs = costs.front_end(layout.rust_frontend)
+    costs = costs.front_end(layout.rust_frontend).drawing(load.sampled)
     shape = ShapeCosts.of(model, layout.tp, layout.dtype_bytes)
     host, device = settled or (1.0, 1.0)
     runs: list[tuple[EngineRun, float]] = []
@@ -395,10 +398,19 @@ def simulate_load(layout: Layout, model: ModelSpec, load: Load, costs: HostCosts
 
 
 def decode_step_s(
-    layout: Layout, model: ModelSpec, costs: HostCosts, sequences: int, context: float, host: float = 1.0
+    layout: Layout,
+    model: ModelSpec,
+    costs: HostCosts,
+    sequences: int,
+    context: float,
+    host: float = 1.0,
+    *,
+    sampled: bool = True,
 ) -> float:
-    """One step of ``sequences`` decoding, ``context`` tokens each, the host's costs slowed by ``host``: how far
-    apart a reply's tokens come while no prompt is read beside them (what a calibration fits to)."""
-    step = StepModel(layout, costs.front_end(layout.rust_frontend), ShapeCosts.of(model, layout.tp, layout.dtype_bytes))
+    """One step of ``sequences`` decoding, ``context`` tokens each, the host's costs slowed by ``host``, their
+    tokens drawn at random or greedily: how far apart a reply's tokens come while no prompt is read beside them
+    (what a calibration fits to)."""
+    costs = costs.front_end(layout.rust_frontend).drawing(sampled)
+    step = StepModel(layout, costs, ShapeCosts.of(model, layout.tp, layout.dtype_bytes))
     step.host = host
     return step.time(sequences, sequences * context, [], sequences).duration

@@ -148,7 +148,12 @@ def test_calibration_finds_the_costs_a_warmup_measured(profile: str, base: HostC
     plan = make_plan(hw, m, WorkloadSettings(users=8))
     rate = "cpu_gflops_per_core" if plan.device == "cpu" else "gpu_efficiency"
     truth = base.model_copy(
-        update={"step_ms": base.step_ms * 1.7, "seq_us": base.seq_us * 0.5, rate: getattr(base, rate) * 0.6}
+        update={
+            "step_ms": base.step_ms * 1.7,
+            "seq_us": base.seq_us * 0.5,
+            rate: getattr(base, rate) * 0.6,
+            "sample_us": base.seq_us * 3,
+        }
     )
     samples = warmup_samples(plan, hw, m, truth, ends_s=ends_ms * 1e-3)
     fitted = calibrate(layout_of(plan, hw), m, samples, base, measured_on=hw.name, measured_at="2026-12-07")
@@ -157,6 +162,7 @@ def test_calibration_finds_the_costs_a_warmup_measured(profile: str, base: HostC
     )
     assert fitted.step_ms == pytest.approx(truth.step_ms, rel=0.05)
     assert fitted.seq_us == pytest.approx(truth.seq_us, rel=0.15)
+    assert fitted.sample_us == pytest.approx(truth.sample_us, rel=0.15), "the draw's cost apart from greedy steps"
     assert getattr(fitted, rate) == pytest.approx(getattr(truth, rate), rel=0.1)
     assert all(abs(v) < 1.0 for v in fitted.fit.values()), fitted.fit
     # a warm-up of before the longer replies: the 16-token replies' own time per token, the concurrent round's
@@ -280,3 +286,32 @@ def test_predict_shows_a_plan_files_loads_beside_vllms_defaults(tmp_path: Path) 
     assert len(ttft) == 2 and ttft[0] != ttft[1], "the router's turns move the first token's wait"
     bad = cli(tmp_path, "predict", *model_flags, "--at", "0,4")
     assert bad.returncode == 2 and "--at '0,4': every load is 1 user or more" in bad.stderr
+
+
+def test_tokens_drawn_at_random_cost_each_sequence_what_the_host_measured_and_greedy_ones_do_not(
+    tmp_path: Path,
+) -> None:
+    """The CPU engine's draw (the page's temperature and top-p) against greedy tokens: each sequence's step costs
+    ``sample_us`` more; a host whose draw costs nothing apart predicts both alike."""
+    hw, m = load_profile("cpu-only"), model(ERNIE)
+    layout = layout_of(make_plan(hw, m, WorkloadSettings(users=8)), hw)
+    for users in (1, 8):
+        drawn, greedy = (
+            predict_point(layout, m, Load(users, (512,), 64, sampled=s), CPU_HOST_DEFAULTS) for s in (True, False)
+        )
+        more_ms = drawn.tpot_p50_ms.point - greedy.tpot_p50_ms.point
+        assert more_ms >= 0.5 * users * CPU_HOST_DEFAULTS.sample_us / 1e3, (
+            users,
+            drawn.tpot_p50_ms,
+            greedy.tpot_p50_ms,
+        )
+        free = CPU_HOST_DEFAULTS.model_copy(update={"sample_us": 0.0})
+        alike = [predict_point(layout, m, Load(users, (512,), 64, sampled=s), free) for s in (True, False)]
+        assert alike[0].tpot_p50_ms == alike[1].tpot_p50_ms
+    flags = ("predict", "--hardware", "cpu-only", "--model", str(DATA / f"{ERNIE}.json"), "--at", "1,8", "--json")
+    said = {g: cli(tmp_path, *flags, *(("--greedy",) if g else ())) for g in (False, True)}
+    assert all(done.returncode == 0 for done in said.values()), said
+    speed = {
+        g: [lv["plan"]["output_tokens_per_s"]["point"] for lv in json.loads(said[g].stdout)["levels"]] for g in said
+    }
+    assert all(d < g for d, g in zip(speed[False], speed[True], strict=True)), speed

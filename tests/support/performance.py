@@ -34,8 +34,8 @@ def check(p: Prediction) -> None:
 
 def warmup_samples(plan: Plan, hw: Hardware, m: ModelSpec, truth: HostCosts, ends_s: float = 0.0) -> list[WarmupSample]:
     """What a warm-up would have measured on a host whose costs are ``truth``: the model's own figures (the longer
-    replies' tokens as far apart as the model's decoding steps), each stream ``ends_s`` longer at its ends (its
-    last chunk, the usage, the close: a time the model does not charge)."""
+    replies' tokens as far apart as the model's decoding steps, greedy and drawn), each stream ``ends_s`` longer at
+    its ends (its last chunk, the usage, the close: a time the model does not charge)."""
     layout = layout_of(plan, hw)
 
     def timed(shape: str, load: Load, rnd: int = 0) -> list[WarmupSample]:
@@ -43,7 +43,11 @@ def warmup_samples(plan: Plan, hw: Hardware, m: ModelSpec, truth: HostCosts, end
         tokens = load.reply_tokens
         total = fig["ttft_s"] + (tokens - 1) * (fig["tpot_mean_s"] if load.users > 1 else fig["tpot_s"]) + ends_s
         context = sum(load.prompt_tokens) / len(load.prompt_tokens) + tokens / 2
-        gap = decode_step_s(layout, m, truth, load.users, context, fig["host"]) if tokens > 16 else None
+        gap = (
+            decode_step_s(layout, m, truth, load.users, context, fig["host"], sampled=load.sampled)
+            if tokens > 16
+            else None
+        )
         return [
             WarmupSample(
                 shape=shape,
@@ -54,6 +58,7 @@ def warmup_samples(plan: Plan, hw: Hardware, m: ModelSpec, truth: HostCosts, end
                 total_s=total,
                 tokens=tokens,
                 gap_s=gap,
+                sampled=load.sampled,
             )
             for i in range(load.users)
         ]
@@ -62,6 +67,7 @@ def warmup_samples(plan: Plan, hw: Hardware, m: ModelSpec, truth: HostCosts, end
     for shape, prompt in (("short", 60), ("medium", 510), ("long", 1020), ("steady", 60)):
         out += timed(shape, Load(1, (prompt,), 16, requests=1))
     out += timed("concurrent", Load(8, (47, 227, 381), 16, requests=8), rnd=2)
-    out += timed("reply", Load(1, (60,), 64, requests=1))
-    out += timed("decode", Load(8, (60,), 64, requests=8))
+    for sampled in (False, True):  # greedy and drawn as the page draws
+        out += timed("reply", Load(1, (60,), 64, requests=1, sampled=sampled))
+        out += timed("decode", Load(8, (60,), 64, requests=8, sampled=sampled))
     return out

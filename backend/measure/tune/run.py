@@ -227,7 +227,7 @@ def plan_tune(settings: Settings, options: TuneOptions) -> TunePlan:
     requests = options.requests or max(8, 2 * concurrency)
     costs, _ = costs_for(settings.engine.run_dir, hardware.name, device)
     shapes = (SHORT_PROMPT_TOKENS, workload.prompt_tokens, long_prompt)
-    load = ExpectedLoad(concurrency, shapes, options.max_tokens, requests)
+    load = ExpectedLoad(concurrency, shapes, options.max_tokens, requests, sampled=False)  # measured greedy
     ranked = rank(
         candidates,
         hardware,
