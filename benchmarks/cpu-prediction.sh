@@ -13,13 +13,13 @@ mkdir -p "$OUT"
 PID=
 trap '[ -n "$PID" ] && kill -INT $PID 2>/dev/null' EXIT
 
-start() {  # NAME serve-flags...: a plan served from its own run directory until ready; its calibrated costs kept
+start() {  # NAME serve-flags...: a plan served from its own run directory until ready; its first calibration kept
   local name=$1; shift
   ERNIECHAT_ENGINE__RUN_DIR=$OUT/$name $B serve --model demo "$@" > "$OUT/$name.log" 2>&1 &
   PID=$!
   until grep -q "^ready:\|^error" "$OUT/$name.log"; do sleep 2; kill -0 $PID 2>/dev/null || return 1; done
   grep -E "^warm-up:|^expected" "$OUT/$name.log"
-  cp "$OUT/$name"/calibrated/*.json "$OUT/costs-$name.json"
+  [ -e "$OUT/costs-$name.json" ] || cp "$OUT/$name"/calibrated/*.json "$OUT/costs-$name.json"  # the first start's
 }
 stop() { kill -INT $PID; wait $PID; PID=; }
 measure() {  # NAME OTHER: bench the running plan NAME with OTHER's costs, the defaults and its own

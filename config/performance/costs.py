@@ -160,7 +160,7 @@ serve`` sets no temperature, so the checkpoint's generation config's 0.8 and top
 
 CPU_HOST_DEFAULTS = GPU_HOST_DEFAULTS.model_copy(
     update={
-        "step_ms": 0.8,
+        "step_ms": 0.65,
         "seq_us": 94.0,
         "prompt_us": 0.9,
         "request_ms": 1.8,

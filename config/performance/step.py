@@ -118,10 +118,11 @@ class StepModel:
 
     @property
     def bandwidth(self) -> float:
-        """Bytes/s an engine's reads stream at (per GPU; the CPU engine: its cores')."""
+        """Bytes/s an engine's reads stream at (per GPU; the CPU engine: its cores', less what the other processes
+        take of them, as its compute)."""
         lay = self.layout
         if lay.device == "cpu":
-            return lay.cores_per_node * self.costs.cpu_memory_gbs * 1e9 * MEMORY_EFFICIENCY
+            return lay.cores_per_node * self.costs.cpu_memory_gbs * 1e9 * MEMORY_EFFICIENCY / self.host
         gbs = lay.gpu.memory_bandwidth_gbs if lay.gpu and lay.gpu.memory_bandwidth_gbs else ASSUMED_BANDWIDTH_GBS
         return gbs * 1e9 * MEMORY_EFFICIENCY
 
