@@ -12,8 +12,9 @@ replica has answered. Each request must return tokens. The record (first against
 first-token latency, per path) also sets the chat page's first-token timeout.
 
 The three prompts go once more alone once everything is compiled, then a short prompt with a longer
-reply on the page's path, alone and several at once; every timed request is kept as a sample
-(``WarmupSample``): the performance model calibrates this host's costs from them.
+reply on the page's path, alone and several at once, greedy and drawn as the page draws; every timed
+request is kept as a sample (``WarmupSample``): the performance model calibrates this host's costs from
+them, a drawn token's cost apart from a greedy one's.
 """
 
 from __future__ import annotations
