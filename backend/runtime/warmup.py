@@ -154,8 +154,8 @@ async def warm_up(
             await one(f"{shape} {AGAIN}", words, tokens=tokens)
         say("steady state", 0.95)
         steadies = {kind.name: [await one("steady", 12, kind) for _ in range(STEADY_PER_KIND)] for kind in KINDS}
-        # on the page's own path (chat, streamed, sampled), as users' replies come
-        # greedy and drawn as the page draws: the draw's own cost apart
+        # on the page's own path (chat, streamed), as users' replies come: greedy and drawn as the page draws,
+        # the draw's own cost apart
         say("longer replies, alone and together", 0.97)
         page_kind = KINDS[0]
         greedy = replace(page_kind, sampled=False)
