@@ -19,6 +19,12 @@ class Sampling:
     max_tokens: int
     system_prompt: str
 
+    @property
+    def draws(self) -> bool:
+        """Whether tokens are drawn at random (a temperature above 0), not chosen greedily: the performance model
+        charges a drawn token its sampler's cost (``HostCosts.sample_us``)."""
+        return self.temperature > 0
+
     def draw_fields(self) -> dict[str, float]:
         """What a request body says about drawing tokens (``max_tokens`` and the system prompt go
         elsewhere in it: a measuring request fixes its own reply length)."""

@@ -32,7 +32,7 @@ def planned_forecast(settings: Settings, planned: Planned, costs: HostCosts | No
         users=w.users,
         prompt_tokens=w.prompt_tokens,
         reply_tokens=w.reply_tokens,
-        sampled=settings.app.temperature > 0,
+        sampled=settings.app.sampling().draws,
     )
 
 

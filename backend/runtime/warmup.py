@@ -102,7 +102,7 @@ async def warm_up(
             if not res.ok:
                 raise WarmupError(f"warm-up request ({shape}, {kind.name}) failed: {res.error or 'no tokens'}")
             if kind.stream and shape in SAMPLED_SHAPES:
-                drawn = kind.sampled and sampling.temperature > 0
+                drawn = kind.sampled and sampling.draws
                 samples.append(_sample(shape, res, together, rnd, tokens, plan.stream_interval, drawn))
             return res
 
